@@ -1,0 +1,46 @@
+"""The ``omnihvd`` command line: ``omnihvd <command> [options]``.
+
+Each command lives in its own module, which provides ``configure_parser(parser)``
+and ``run(args) -> int`` (the exit status). Modules are imported only when their
+command runs, so ``omnihvd doctor`` works even when torch or horovod is broken.
+"""
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "COMMANDS"]
+
+# command -> (module, one-line help)
+COMMANDS = {
+    "doctor": ("omnihvd.doctor", "check the installation: horovod, MPI, torch, mpi4py"),
+}
+
+
+def _load(name):
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def build_parser(command=None):
+    parser = argparse.ArgumentParser(
+        prog="omnihvd", description="OmniLearn dynamic batching for Horovod.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:  # import only the module that will run
+            _load(name).configure_parser(p)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(_load(args.command).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""The OmniLearn batch-size controller. Pure numpy: no torch, horovod or mpi4py.
+
+Every function here is deterministic: the same inputs give bit-identical outputs on
+every rank, also on different processors, because sums use :func:`math.fsum`
+(exactly rounded) and everything else is element-wise IEEE arithmetic and sorting.
+That is what lets every rank compute the same decision from the same gathered data
+without a second collective.
+
+Two policies turn measured step times into new per-rank batch sizes:
+
+``"proportional"`` -- the paper's controller (Tyagi & Sharma, eq. 4-5)::
+
+    x_i = b_i / t_i                       # throughput of rank i, samples/s
+    delta_i = -gain * x_i * (t_i - mean(t))
+    b_i' = b_i + delta_i                  # then scaled to sum to B
+
+  With ``gain=1`` this is ``b_i' = B x_i / sum(x)``: exact in one step when step time
+  is proportional to batch size.
+
+``"affine"`` -- a time model ``t_i(b) = a_i + c_i * b`` per rank, fitted from the
+  measured history, solved in closed form for the common step time ``T`` at which
+  ``sum_i (T - a_i) / c_i = B``. A fixed per-step cost ``a_i`` (kernel launches,
+  Python overhead, the optimizer) makes the proportional controller overshoot and
+  need several rounds; the affine solve lands in one once two sizes were seen.
+
+Both end in :func:`apportion`, which turns continuous targets into integers that sum
+exactly to the global batch and respect per-rank bounds.
+"""
+import math
+from typing import NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import ConfigError, InfeasibleError
+
+__all__ = [
+    "POLICIES",
+    "TimeModel",
+    "Controller",
+    "rebalance",
+    "apportion",
+    "fit_time_model",
+    "solve_time_model",
+    "predict_step_times",
+    "relative_change",
+    "resolve_bounds",
+]
+
+POLICIES = ("affine", "proportional")
+
+IntOrList = Union[int, Sequence[int], None]
+
+
+class TimeModel(NamedTuple):
+    """Affine model of one step's local compute time on each rank."""
+
+    intercept: np.ndarray  # a_i: fixed cost of a step on rank i, seconds
+    slope: np.ndarray      # c_i: cost of one more sample on rank i, seconds
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _fsum(values) -> float:
+    return math.fsum(float(v) for v in values)
+
+
+def _as_int_vector(name, values, n=None):
+    try:
+        arr = np.asarray(values)
+    except Exception as exc:  # ragged lists and the like
+        raise ConfigError("%s must be a sequence of integers, got %r (%s)" % (name, values, exc))
+    if arr.ndim != 1 or arr.size == 0:
+        raise ConfigError("%s must be a non-empty 1-d sequence of integers, got %r" % (name, values))
+    if n is not None and arr.size != n:
+        raise ConfigError("%s has %d entries but there are %d ranks; give one per rank"
+                          % (name, arr.size, n))
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            raise ConfigError("%s must hold whole numbers, got %r" % (name, list(values)))
+    elif arr.dtype.kind not in "iu":
+        raise ConfigError("%s must hold integers, got %r" % (name, values))
+    return arr.astype(np.int64)
+
+
+def _as_time_vector(name, values, n):
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except Exception as exc:
+        raise ConfigError("%s must be a sequence of seconds, got %r (%s)" % (name, values, exc))
+    if arr.ndim != 1 or arr.size != n:
+        raise ConfigError("%s must have one entry per rank (%d), got %r" % (name, n, values))
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
+    if bad.size:
+        raise ConfigError("%s must be finite and positive; rank %d has %r. Drop the "
+                          "measurement instead of passing it." % (name, bad[0], arr[bad[0]]))
+    return arr
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError("%s must be an integer, got %r" % (name, value))
+    if value < minimum:
+        raise ConfigError("%s must be >= %d, got %d" % (name, minimum, value))
+    return int(value)
+
+
+def _check_float(name, value, minimum, *, strict=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ConfigError("%s must be a number, got %r" % (name, value))
+    value = float(value)
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise ConfigError("%s must be a finite number %s %g, got %r"
+                          % (name, ">" if strict else ">=", minimum, value))
+    return value
+
+
+def resolve_bounds(n: int, global_batch_size: int, min_batch_size: IntOrList = 1,
+                   max_batch_size: IntOrList = None):
+    """Per-rank integer bounds ``(lo, hi)`` as int64 arrays, checked for feasibility.
+
+    Args:
+        n: number of ranks.
+        global_batch_size: B, the sum every split must reach.
+        min_batch_size: int or per-rank list, each >= 1.
+        max_batch_size: None (no cap), int, or per-rank list.
+
+    Raises:
+        ConfigError: malformed bounds (wrong length, non-integer, min > max).
+        InfeasibleError: no split exists (``sum(min) > B`` or ``sum(max) < B``).
+
+    >>> resolve_bounds(2, 10, 1, [4, 8])
+    (array([1, 1]), array([4, 8]))
+    """
+    B = _check_int("global_batch_size", global_batch_size, 1)
+    if isinstance(min_batch_size, (int, np.integer)) and not isinstance(min_batch_size, bool):
+        lo = np.full(n, _check_int("min_batch_size", min_batch_size, 1), dtype=np.int64)
+    else:
+        lo = _as_int_vector("min_batch_size", min_batch_size, n)
+    if max_batch_size is None:
+        hi = np.full(n, B, dtype=np.int64)
+    elif isinstance(max_batch_size, (int, np.integer)) and not isinstance(max_batch_size, bool):
+        hi = np.full(n, _check_int("max_batch_size", max_batch_size, 1), dtype=np.int64)
+    else:
+        hi = _as_int_vector("max_batch_size", max_batch_size, n)
+    if np.any(lo < 1):
+        r = int(np.flatnonzero(lo < 1)[0])
+        raise ConfigError("min_batch_size must be >= 1 on every rank; rank %d has %d" % (r, lo[r]))
+    if np.any(lo > hi):
+        r = int(np.flatnonzero(lo > hi)[0])
+        raise ConfigError("min_batch_size %d > max_batch_size %d on rank %d; lower the minimum "
+                          "or raise the maximum" % (lo[r], hi[r], r))
+    if int(lo.sum()) > B:
+        raise InfeasibleError(
+            "infeasible: %d ranks x min_batch_size (sum %d) exceed global_batch_size %d; lower "
+            "min_batch_size or raise global_batch_size" % (n, int(lo.sum()), B))
+    hi = np.minimum(hi, B)
+    if int(hi.sum()) < B:
+        raise InfeasibleError(
+            "infeasible: the per-rank max_batch_size caps sum to %d < global_batch_size %d; raise "
+            "the caps, add ranks, or lower global_batch_size" % (int(hi.sum()), B))
+    return lo, hi
+
+
+# ------------------------------------------------------------- apportioning
+
+
+def _water_fill(offset, scale, total, lo, hi):
+    """Continuous ``v_i = clip(offset_i + scale_i * s, lo_i, hi_i)`` with ``sum v = total``.
+
+    ``scale`` must be positive. ``sum v`` is piecewise linear and non-decreasing in s,
+    so the s that hits ``total`` lies between two sorted breakpoints, found by binary
+    search, and is solved exactly there.
+    """
+    lo_f, hi_f = lo.astype(np.float64), hi.astype(np.float64)
+    breaks = np.unique(np.concatenate([(lo_f - offset) / scale, (hi_f - offset) / scale]))
+
+    def filled(s):
+        return np.clip(offset + scale * s, lo_f, hi_f)
+
+    lo_i, hi_i = 0, breaks.size - 1
+    if _fsum(filled(breaks[hi_i])) < total:  # cannot happen after resolve_bounds
+        raise InfeasibleError("caps sum below global_batch_size")
+    while hi_i - lo_i > 1:  # invariant: sum(filled(breaks[lo_i])) <= total <= sum(...hi_i)
+        mid = (lo_i + hi_i) // 2
+        if _fsum(filled(breaks[mid])) <= total:
+            lo_i = mid
+        else:
+            hi_i = mid
+    s0 = breaks[lo_i]
+    base = filled(s0)
+    if _fsum(base) >= total:
+        return base
+    s1 = breaks[hi_i]
+    mid_s = (s0 + s1) / 2.0
+    free = (offset + scale * mid_s > lo_f) & (offset + scale * mid_s < hi_f)
+    slope = _fsum(scale[free])
+    s = s0 + (total - _fsum(base)) / slope if slope > 0 else s1
+    return filled(min(max(s, s0), s1))
+
+
+def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
+              max_batch_size: IntOrList = None) -> list:
+    """Integer batch sizes proportional to ``targets``, summing exactly to B, within bounds.
+
+    Targets are scaled by one common factor (ranks at a bound are held there, the
+    rest share what is left), then rounded by largest remainder; ties go to the lower
+    rank, so the result is deterministic.
+
+    Args:
+        targets: one non-negative weight per rank (e.g. throughputs).
+        global_batch_size: B.
+        min_batch_size, max_batch_size: see :func:`resolve_bounds`.
+
+    Returns:
+        list of int, one per rank, ``sum == global_batch_size``.
+
+    Raises:
+        ConfigError, InfeasibleError: see :func:`resolve_bounds`; also for negative or
+        non-finite targets.
+
+    >>> apportion([1, 1, 2, 4], 64)
+    [8, 8, 16, 32]
+    >>> apportion([1, 1, 1], 10)
+    [4, 3, 3]
+    """
+    w = np.asarray(targets, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ConfigError("targets must be a non-empty 1-d sequence, got %r" % (targets,))
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ConfigError("targets must be finite and >= 0, got %r" % (list(w),))
+    lo, hi = resolve_bounds(w.size, global_batch_size, min_batch_size, max_batch_size)
+    top = float(w.max())
+    # A zero weight would pin a rank to its minimum forever; a tiny floor keeps the
+    # solve well-posed and changes nothing measurable.
+    w = np.maximum(w, top * 1e-9) if top > 0 else np.ones_like(w)
+    return _round_to_total(_water_fill(np.zeros_like(w), w, global_batch_size, lo, hi),
+                           int(global_batch_size), lo, hi)
+
+
+def _round_to_total(values, total, lo, hi):
+    sizes = np.clip(np.floor(values + 1e-9).astype(np.int64), lo, hi)
+    short = total - int(sizes.sum())
+    frac = values - sizes
+    # Largest remainder first, lower rank on ties; repeat passes absorb float slop.
+    order = sorted(range(sizes.size), key=lambda i: (-round(float(frac[i]), 12), i))
+    while short != 0:
+        moved = False
+        for i in order:
+            if short > 0 and sizes[i] < hi[i]:
+                sizes[i] += 1
+                short -= 1
+                moved = True
+            elif short < 0 and sizes[i] > lo[i]:
+                sizes[i] -= 1
+                short += 1
+                moved = True
+            if short == 0:
+                break
+        if not moved:  # excluded by resolve_bounds
+            raise InfeasibleError("no integer split of %d within the bounds" % total)
+    return [int(v) for v in sizes]
+
+
+def relative_change(old, new) -> float:
+    """``max_i |new_i - old_i| / old_i``: the quantity the dead band is compared with."""
+    old = np.asarray(old, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    return float(np.max(np.abs(new - old) / np.maximum(old, 1.0)))
+
+
+def _deadband(old, new, global_batch_size, lo, hi, deadband):
+    """Keep ``old`` when it is a valid split and the change is below the dead band."""
+    old = np.asarray(old)
+    valid = int(old.sum()) == global_batch_size and np.all(old >= lo) and np.all(old <= hi)
+    if valid and relative_change(old, new) < deadband:
+        return [int(v) for v in old]
+    return new
+
+
+# ------------------------------------------------------- proportional policy
+
+
+def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_batch_size=None,
+              gain=1.0, deadband=0.0) -> list:
+    """The paper's proportional controller: new per-rank batch sizes from step times.
+
+    Args:
+        batch_sizes: current size of each rank, the sizes ``times`` were measured at.
+        times: each rank's local compute time per step at that size (seconds, > 0),
+            excluding time spent waiting for other ranks.
+        global_batch_size: B; the result always sums to it exactly.
+        min_batch_size: int or per-rank list (default 1).
+        max_batch_size: None, int, or per-rank list (memory caps).
+        gain: K in ``delta_i = -K x_i (t_i - mean t)``; 1.0 jumps straight to the
+            proportional split, smaller values move part of the way.
+        deadband: return ``batch_sizes`` unchanged when the largest relative change
+            ``max |b_i' - b_i| / b_i`` is below it (only when ``batch_sizes`` is itself
+            a valid split; otherwise the sizes must change anyway).
+
+    Returns:
+        list of int: new sizes, ``sum == global_batch_size``, each within bounds.
+
+    Raises:
+        ConfigError: malformed input (lengths, non-integer sizes, non-positive or
+            non-finite times, negative gain or dead band).
+        InfeasibleError: bounds that admit no split.
+
+    Example: speeds 1:1:2:4 at equal sizes, then the proportional split:
+
+    >>> rebalance([16, 16, 16, 16], [4.0, 4.0, 2.0, 1.0], 64)
+    [8, 8, 16, 32]
+    >>> rebalance([8, 8, 16, 32], [2.0, 2.0, 2.0, 2.0], 64)   # balanced: a fixed point
+    [8, 8, 16, 32]
+    """
+    b = _as_int_vector("batch_sizes", batch_sizes)
+    if np.any(b < 1):
+        raise ConfigError("batch_sizes must be >= 1, got %r" % (list(batch_sizes),))
+    t = _as_time_vector("times", times, b.size)
+    gain = _check_float("gain", gain, 0.0, strict=True)
+    deadband = _check_float("deadband", deadband, 0.0)
+    lo, hi = resolve_bounds(b.size, global_batch_size, min_batch_size, max_batch_size)
+    x = b / t
+    tbar = _fsum(t) / t.size
+    target = np.maximum(b - gain * x * (t - tbar), 0.0)
+    new = apportion(target, global_batch_size, lo, hi)
+    return _deadband(b, new, int(global_batch_size), lo, hi, deadband)
+
+
+# ------------------------------------------------------------- affine policy
+
+
+def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.9) -> TimeModel:
+    """Fit ``t_i(b) = a_i + c_i b`` per rank from its measured (size, time) history.
+
+    Least squares per rank. The line is then re-anchored through the rank's latest
+    measurement (the current state, which matters when speeds change) keeping the
+    fitted intercept, clamped to ``[0, max_intercept_fraction * t_latest]`` so that a
+    noisy fit can neither go negative nor claim a step is all fixed cost. A rank with
+    fewer than two distinct sizes, or a non-increasing fit, gets ``a_i = 0``: the
+    proportional model.
+
+    Args:
+        history_sizes: array-like ``(k, n)``: sizes at k past measurements, oldest first.
+        history_times: array-like ``(k, n)``: local step times at those sizes.
+
+    Returns:
+        TimeModel(intercept, slope), each shape (n,).
+
+    >>> m = fit_time_model([[10, 30], [20, 20]], [[2.0, 3.5], [3.0, 2.5]])
+    >>> [round(float(v), 6) for v in m.intercept], [round(float(v), 6) for v in m.slope]
+    ([1.0, 0.5], [0.1, 0.1])
+    """
+    sizes = np.atleast_2d(np.asarray(history_sizes, dtype=np.float64))
+    times = np.atleast_2d(np.asarray(history_times, dtype=np.float64))
+    if sizes.shape != times.shape or sizes.size == 0:
+        raise ConfigError("history_sizes %s and history_times %s must have the same (k, n) shape"
+                          % (sizes.shape, times.shape))
+    if not (np.all(np.isfinite(times)) and np.all(times > 0) and np.all(sizes >= 1)):
+        raise ConfigError("history must hold sizes >= 1 and finite positive times")
+    k, n = sizes.shape
+    intercept = np.zeros(n)
+    slope = np.empty(n)
+    for i in range(n):
+        b, t = sizes[:, i], times[:, i]
+        b_last, t_last = b[-1], t[-1]
+        a = 0.0
+        if k >= 2 and np.ptp(b) > 0:
+            bm, tm = _fsum(b) / k, _fsum(t) / k
+            var = _fsum((b - bm) ** 2)
+            c = _fsum((b - bm) * (t - tm)) / var
+            if c > 0:
+                a = min(max(tm - c * bm, 0.0), max_intercept_fraction * t_last)
+        intercept[i] = a
+        slope[i] = (t_last - a) / b_last
+    return TimeModel(intercept, slope)
+
+
+def predict_step_times(model: TimeModel, batch_sizes) -> np.ndarray:
+    """Each rank's predicted local step time at ``batch_sizes`` under ``model``."""
+    return model.intercept + model.slope * np.asarray(batch_sizes, dtype=np.float64)
+
+
+def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
+                     max_batch_size=None) -> list:
+    """Integer sizes that equalise predicted step times, in closed form.
+
+    Finds the common step time T with ``sum_i clip((T - a_i) / c_i, lo_i, hi_i) = B``
+    (piecewise linear in T, solved exactly between breakpoints), then rounds with
+    :func:`apportion`'s largest-remainder rule.
+
+    >>> solve_time_model(TimeModel(np.array([1.0, 1.0]), np.array([0.1, 0.05])), 60)
+    [20, 40]
+    """
+    a = np.asarray(model.intercept, dtype=np.float64)
+    c = np.asarray(model.slope, dtype=np.float64)
+    if a.shape != c.shape or a.ndim != 1 or a.size == 0:
+        raise ConfigError("model intercept and slope must be 1-d arrays of equal length")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(c)) and np.all(c > 0)):
+        raise ConfigError("model slopes must be finite and > 0, intercepts finite; got %r, %r"
+                          % (list(a), list(c)))
+    lo, hi = resolve_bounds(a.size, global_batch_size, min_batch_size, max_batch_size)
+    # b_i(T) = (T - a_i)/c_i = -a_i/c_i + (1/c_i) T
+    values = _water_fill(-a / c, 1.0 / c, int(global_batch_size), lo, hi)
+    return _round_to_total(values, int(global_batch_size), lo, hi)
+
+
+# ------------------------------------------------------------ the controller
+
+
+class Controller:
+    """Stateful wrapper the callback drives: history, policy, bounds, dead band.
+
+    Pure numpy and deterministic, so every rank holds an identical copy when fed the
+    same gathered measurements.
+
+    Args:
+        num_ranks: n.
+        global_batch_size: B.
+        policy: ``"affine"`` (default) or ``"proportional"``.
+        gain, deadband, min_batch_size, max_batch_size: as in :func:`rebalance`.
+        history: how many past (sizes, times) rounds the affine fit uses.
+
+    >>> ctl = Controller(2, 60, policy="affine")
+    >>> ctl.decide([30, 30], [4.0, 2.5])     # one size seen: proportional guess
+    [23, 37]
+    >>> ctl.decide([23, 37], [3.3, 2.85])    # two sizes: solves a + c*b exactly
+    [20, 40]
+    """
+
+    def __init__(self, num_ranks, global_batch_size, *, policy="affine", gain=1.0, deadband=0.0,
+                 min_batch_size=1, max_batch_size=None, history=8):
+        self.num_ranks = _check_int("num_ranks", num_ranks, 1)
+        self.global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
+        if policy not in POLICIES:
+            raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
+        self.policy = policy
+        self.gain = _check_float("gain", gain, 0.0, strict=True)
+        self.deadband = _check_float("deadband", deadband, 0.0)
+        self.history = _check_int("history", history, 2)
+        self.set_bounds(min_batch_size, max_batch_size)
+        self._sizes = []
+        self._times = []
+
+    def set_bounds(self, min_batch_size=1, max_batch_size=None):
+        """Change per-rank bounds (e.g. a lowered memory cap); checks feasibility."""
+        self.lo, self.hi = resolve_bounds(self.num_ranks, self.global_batch_size,
+                                          min_batch_size, max_batch_size)
+
+    def forget(self):
+        """Drop the measured history (after a change of hardware or membership)."""
+        self._sizes, self._times = [], []
+
+    def observe(self, batch_sizes, times):
+        """Record one round of measurements without deciding."""
+        b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
+        t = _as_time_vector("times", times, self.num_ranks)
+        self._sizes = (self._sizes + [b])[-self.history:]
+        self._times = (self._times + [t])[-self.history:]
+
+    def model(self) -> Optional[TimeModel]:
+        """The affine time model fitted from the history, or None before any data."""
+        if not self._sizes:
+            return None
+        return fit_time_model(np.stack(self._sizes), np.stack(self._times))
+
+    def decide(self, batch_sizes, times) -> list:
+        """Record ``times`` measured at ``batch_sizes`` and return the next sizes."""
+        self.observe(batch_sizes, times)
+        b = self._sizes[-1]
+        if self.policy == "proportional":
+            new = rebalance(b, self._times[-1], self.global_batch_size, min_batch_size=self.lo,
+                            max_batch_size=self.hi, gain=self.gain, deadband=0.0)
+        else:
+            new = solve_time_model(self.model(), self.global_batch_size,
+                                   min_batch_size=self.lo, max_batch_size=self.hi)
+            if self.gain != 1.0:  # partial step towards the solved split
+                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), self.global_batch_size,
+                                self.lo, self.hi)
+        return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband)
+
+    def state_dict(self):
+        return {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
+                "times": [t.tolist() for t in self._times]}
+
+    def load_state_dict(self, state):
+        """Restore history; history of a different rank count is dropped (not valid)."""
+        sizes = [np.asarray(s, dtype=np.int64) for s in state.get("sizes", [])]
+        if sizes and sizes[0].size != self.num_ranks:
+            self.forget()
+            return
+        self._sizes = sizes[-self.history:]
+        self._times = [np.asarray(t, dtype=np.float64) for t in state.get("times", [])][-self.history:]
