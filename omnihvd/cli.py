@@ -13,6 +13,7 @@ __all__ = ["main", "COMMANDS"]
 # command -> (module, one-line help)
 COMMANDS = {
     "doctor": ("omnihvd.doctor", "check the installation: horovod, MPI, torch, mpi4py"),
+    "simulate": ("omnihvd.simulate", "rehearse a cluster of n ranks with the real controller"),
 }
 
 

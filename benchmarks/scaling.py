@@ -1,0 +1,255 @@
+"""Scaling benchmark: the real controller on simulated clusters of 4 to 4096 ranks.
+
+For each n and each policy it runs :func:`omnihvd.simulate.simulate` and records
+the controller's decision time (wall time of ``Controller.decide``), the allgather
+payload, steps and adjustments to converge, and steady-state efficiency.
+
+Scenarios (B = 64 samples per rank on average):
+
+* ``static``: the paper's HL8 level tiled over n ranks, from an equal split; run
+  noise-free (convergence, tolerance 5%) and with 10% timing noise (steady-state
+  efficiency over the last quarter; convergence with tolerance 10%).
+* ``dynamic``: the paper's HL1 -> HL2 -> HL4 -> HL8 -> HL4 -> HL2 -> HL1 schedule,
+  200 steps per level, noise-free (per-phase convergence) and 10% noise (efficiency).
+
+Policies: omnihvd's default (affine, every 20 steps, dead band 0.05, median),
+omnihvd with ``policy="proportional"``, and the reference code's policy
+(proportional, once per 100-step epoch, dead band 0.2, mean).
+
+Usage::
+
+    .venv/bin/python benchmarks/scaling.py                 # all n, ~2 min on 1 core
+    .venv/bin/python benchmarks/scaling.py --ranks 4 16    # a subset
+
+Writes benchmarks/results/scaling.json, scaling_efficiency.png and
+scaling_dynamic_64.png, and prints Markdown tables.
+"""
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from omnihvd.controller import Controller  # noqa: E402
+from omnihvd.simulate import (SUMMARY_FIELDS, Cluster, Control, make_profile, plot,  # noqa: E402
+                              reference_control, simulate)
+
+RANKS = (4, 16, 64, 256, 1024, 4096)
+PER_RANK = 64
+STATIC_STEPS = 600
+PHASE_STEPS = 200
+NOISE = 0.1
+
+
+def policies():
+    return {
+        "omnihvd-affine": Control(),
+        "omnihvd-proportional": Control(policy="proportional"),
+        "reference": reference_control(steps_per_epoch=100),
+    }
+
+
+def run_one(n, scenario, control, noise, seed):
+    if scenario == "static":
+        steps, profile = STATIC_STEPS, make_profile("hl8", n, STATIC_STEPS, seed=seed)
+    else:
+        steps = PHASE_STEPS * 7
+        profile = make_profile("dynamic", n, steps, seed=seed, phase_steps=PHASE_STEPS)
+    start = time.perf_counter()
+    res = simulate(Cluster(ranks=n, noise=noise), profile, global_batch_size=PER_RANK * n,
+                   steps=steps, control=control, seed=seed)
+    wall = time.perf_counter() - start
+    return res, wall
+
+
+def decide_profile(n, policy, rounds=10, seed=0, top=6):
+    """cProfile of ``Controller.decide`` at n ranks: the functions that cost most."""
+    rng = np.random.default_rng(seed)
+    ctl = Controller(n, PER_RANK * n, policy=policy, deadband=0.05)
+    speed = np.resize(np.array([0.5, 0.5, 1 / 3, 8 / 3]), n)
+    sizes = np.full(n, PER_RANK)
+    prof = cProfile.Profile()
+    for _ in range(rounds):
+        times = (0.02 + sizes / (100 * speed)) * rng.lognormal(0, 0.1, n)
+        prof.enable()
+        sizes = np.asarray(ctl.decide(sizes, times))
+        prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    rows = []
+    for (path, line, name), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"function": "%s:%d(%s)" % (os.path.basename(path), line, name),
+                     "calls_per_decide": nc / rounds, "self_ms_per_decide": 1e3 * tt / rounds,
+                     "cumulative_ms_per_decide": 1e3 * ct / rounds})
+    rows.sort(key=lambda r: -r["self_ms_per_decide"])
+    return rows[:top]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+
+    rows = []
+    dynamic_plot = {}
+    for n in args.ranks:
+        for name, control in policies().items():
+            row = {"ranks": n, "policy": name, "global_batch_size": PER_RANK * n,
+                   "allgather_bytes": n * SUMMARY_FIELDS * 8}
+            clean, _ = run_one(n, "static", control, 0.0, args.seed)
+            noisy, wall = run_one(n, "static", control, NOISE, args.seed)
+            cs, ns = clean.summary(tol=0.05), noisy.summary(tol=0.10)
+            row["static"] = {
+                "decision_ms_median": ns["decision_ms"]["median"],
+                "decision_ms_max": ns["decision_ms"]["max"],
+                "steps_to_converge_noise_free": cs["max_steps_to_converge"],
+                "adjustments_to_converge_noise_free": cs["max_adjustments_to_converge"],
+                "efficiency_noise_free": cs["steady"]["efficiency"],
+                "steps_to_converge_noisy_tol10": ns["max_steps_to_converge"],
+                "adjustments_to_converge_noisy_tol10": ns["max_adjustments_to_converge"],
+                "efficiency_noisy_vs_noise_free_ideal": ns["steady"]["efficiency"],
+                "efficiency_noisy_vs_same_noise_ideal": ns["steady"]["efficiency_same_noise"],
+                "noisy_over_noise_free_efficiency": ns["steady"]["efficiency"] / cs["steady"]["efficiency"],
+                "balance_noisy": ns["steady"]["balance"],
+                "speedup_vs_equal_noisy": ns["steady"]["speedup_vs_equal"],
+                "adjustments_noisy": ns["adjustments"], "decisions_noisy": ns["decisions"],
+                "simulation_seconds": wall,
+            }
+            dclean, _ = run_one(n, "dynamic", control, 0.0, args.seed)
+            dnoisy, _ = run_one(n, "dynamic", control, NOISE, args.seed)
+            conv = dclean.convergence(0.05)
+            row["dynamic"] = {
+                "phase_steps_to_converge_noise_free": [c["steps"] for c in conv],
+                "phase_adjustments_to_converge_noise_free": [c["adjustments"] for c in conv],
+                "efficiency_noise_free": dclean.summary()["overall_efficiency"],
+                "efficiency_noisy": dnoisy.summary()["overall_efficiency"],
+                "efficiency_noisy_same_noise": float(np.sum(dnoisy.oracle_time) / np.sum(dnoisy.step_time)),
+                "speedup_vs_equal_noisy": float(np.sum(dnoisy.equal_time) / np.sum(dnoisy.step_time)),
+            }
+            if n == 64:
+                dynamic_plot[name] = dnoisy
+            rows.append(row)
+            print("n=%5d %-21s decide %7.2f ms  static eff %.3f (same-noise %.3f, noise-free %.3f) "
+                  "conv %s steps/%s adj  dynamic eff %.3f  [%.1fs]"
+                  % (n, name, row["static"]["decision_ms_median"],
+                     row["static"]["efficiency_noisy_vs_noise_free_ideal"],
+                     row["static"]["efficiency_noisy_vs_same_noise_ideal"],
+                     row["static"]["efficiency_noise_free"],
+                     row["static"]["steps_to_converge_noise_free"],
+                     row["static"]["adjustments_to_converge_noise_free"],
+                     row["dynamic"]["efficiency_noisy"], wall), flush=True)
+
+    big = max(args.ranks)
+    profiles = {p: decide_profile(big, p) for p in ("affine", "proportional")}
+    doc = {
+        "command": "benchmarks/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"python": platform.python_version(), "numpy": np.__version__,
+                    "processor": platform.processor() or platform.machine()},
+        "settings": {"per_rank_batch": PER_RANK, "static_steps": STATIC_STEPS,
+                     "phase_steps": PHASE_STEPS, "noise": NOISE, "cluster": vars(Cluster()),
+                     "seed": args.seed},
+        "rows": rows,
+        "decide_profile_ranks": big,
+        "decide_profile": profiles,
+    }
+    path = os.path.join(args.out, "scaling.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    _plot_scaling(rows, os.path.join(args.out, "scaling_efficiency.png"))
+    if dynamic_plot:
+        plot(list(dynamic_plot.values()), os.path.join(args.out, "scaling_dynamic_64.png"),
+             labels=list(dynamic_plot))
+    print()
+    print(markdown(doc))
+    print("wrote", path)
+    return 0
+
+
+def _plot_scaling(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name in policies():
+        sel = [r for r in rows if r["policy"] == name]
+        n = [r["ranks"] for r in sel]
+        axes[0].plot(n, [r["static"]["decision_ms_median"] for r in sel], "o-", label=name)
+        axes[1].plot(n, [r["static"]["efficiency_noisy_vs_same_noise_ideal"] for r in sel], "o-",
+                     label="%s (vs same-noise ideal)" % name)
+        axes[1].plot(n, [r["static"]["efficiency_noisy_vs_noise_free_ideal"] for r in sel], "x:",
+                     label="%s (vs noise-free ideal)" % name)
+    axes[0].axhline(5.0, color="grey", ls="--", lw=0.8)
+    axes[0].set(xscale="log", yscale="log", xlabel="ranks", ylabel="Controller.decide, ms",
+                title="decision time (target < 5 ms)")
+    axes[1].set(xscale="log", xlabel="ranks", ylabel="steady-state efficiency", ylim=(0, 1.05),
+                title="HL8, 10% timing noise")
+    for ax in axes:
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(v, spec="%.3f"):
+    if v is None:
+        return "never"
+    if isinstance(v, list):
+        return "/".join(_fmt(x, "%s") for x in v)
+    return spec % v
+
+
+def markdown(doc) -> str:
+    """The Markdown tables of RESULTS_scaling.md from a results document."""
+    lines = [
+        "| ranks | policy | decide ms (median) | allgather B | steps / adj. to converge "
+        "(noise-free) | steps / adj. (10% noise, tol 10%) | eff. noise-free | eff. 10% noise "
+        "vs noise-free ideal | vs same-noise ideal | noisy / noise-free | speed-up vs equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        s = r["static"]
+        lines.append("| %d | %s | %s | %d | %s / %s | %s / %s | %s | %s | %s | %s | %s |" % (
+            r["ranks"], r["policy"], _fmt(s["decision_ms_median"], "%.2f"), r["allgather_bytes"],
+            _fmt(s["steps_to_converge_noise_free"], "%d"),
+            _fmt(s["adjustments_to_converge_noise_free"], "%d"),
+            _fmt(s["steps_to_converge_noisy_tol10"], "%d"),
+            _fmt(s["adjustments_to_converge_noisy_tol10"], "%d"),
+            _fmt(s["efficiency_noise_free"]), _fmt(s["efficiency_noisy_vs_noise_free_ideal"]),
+            _fmt(s["efficiency_noisy_vs_same_noise_ideal"]),
+            _fmt(s["noisy_over_noise_free_efficiency"]), _fmt(s["speedup_vs_equal_noisy"], "%.2fx")))
+    lines += ["", "| ranks | policy | dynamic: steps per phase to converge (noise-free) | "
+                  "adjustments per phase | eff. noise-free | eff. 10% noise | vs same-noise ideal "
+                  "| speed-up vs equal |", "|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        d = r["dynamic"]
+        lines.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["ranks"], r["policy"], _fmt(d["phase_steps_to_converge_noise_free"]),
+            _fmt(d["phase_adjustments_to_converge_noise_free"]), _fmt(d["efficiency_noise_free"]),
+            _fmt(d["efficiency_noisy"]), _fmt(d["efficiency_noisy_same_noise"]),
+            _fmt(d["speedup_vs_equal_noisy"], "%.2fx")))
+    lines += ["", "Controller.decide at %d ranks, cProfile, per call:" % doc["decide_profile_ranks"],
+              "", "| policy | function | calls | self ms | cumulative ms |", "|---|---|---|---|---|"]
+    for policy, prof in doc["decide_profile"].items():
+        for p in prof:
+            lines.append("| %s | %s | %.0f | %.2f | %.2f |" % (
+                policy, p["function"], p["calls_per_decide"], p["self_ms_per_decide"],
+                p["cumulative_ms_per_decide"]))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

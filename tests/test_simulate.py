@@ -1,0 +1,125 @@
+"""The cluster simulator: fast, single-process."""
+import json
+
+import numpy as np
+import pytest
+
+from omnihvd import cli
+from omnihvd.controller import TimeModel, solve_time_model
+from omnihvd.errors import ConfigError
+from omnihvd.simulate import (DYNAMIC_SCHEDULE, Cluster, Control, hl_speeds, make_profile,
+                              reference_control, ring_allreduce_seconds, simulate)
+
+
+def test_hl_levels_tile_over_ranks():
+    assert hl_speeds("hl4", 6).tolist() == [0.75, 0.75, 0.5, 2.0, 0.75, 0.75]
+    with pytest.raises(ConfigError, match="hl3"):
+        hl_speeds("hl3", 4)
+
+
+def test_ring_allreduce_cost():
+    assert ring_allreduce_seconds(2, 100.0, 10.0, 0.5) == pytest.approx(10.0 + 1.0)
+    assert ring_allreduce_seconds(1, 100.0, 10.0, 0.5) == 0.0
+
+
+@pytest.mark.parametrize("policy", ["affine", "proportional"])
+def test_converges_to_the_equal_time_split(policy):
+    """Noise-free HL8: the final split is the controller's own optimum for the true model."""
+    cluster = Cluster(ranks=8, overhead=0.0, noise=0.0)
+    res = simulate(cluster, "hl8", global_batch_size=512, steps=200, control=Control(policy=policy))
+    speed = hl_speeds("hl8", 8)
+    best = solve_time_model(TimeModel(np.zeros(8), 1.0 / (cluster.throughput * speed)), 512)
+    assert res.final_sizes == best
+    # with no fixed cost the equal-time split is the proportional split B x / sum(x)
+    assert np.allclose(res.final_sizes, 512 * speed / speed.sum(), atol=1.0)
+    assert res.summary()["steady"]["efficiency"] > 0.99
+
+
+def test_sizes_always_sum_to_the_global_batch_and_respect_bounds():
+    control = Control(policy="proportional", min_batch_size=4, max_batch_size=60)
+    res = simulate(Cluster(ranks=12, noise=0.2), "drift", global_batch_size=300, steps=300,
+                   control=control, seed=3)
+    assert np.all(res.tracked_sizes.sum(axis=1) <= 300)
+    assert sum(res.final_sizes) == 300
+    assert min(res.final_sizes) >= 4 and max(res.final_sizes) <= 60
+    assert res.tracked_sizes.min() >= 4 and res.tracked_sizes.max() <= 60
+    assert len(res.tracked_ranks) == 8
+
+
+def test_deterministic_with_a_seed():
+    def go(seed):
+        return simulate(Cluster(ranks=16, noise=0.1), "noisy", global_batch_size=512, steps=240,
+                        seed=seed)
+    a, b, c = go(1), go(1), go(2)
+    assert np.array_equal(a.step_time, b.step_time)
+    assert a.final_sizes == b.final_sizes
+    assert not np.array_equal(a.step_time, c.step_time)
+
+
+def test_better_than_equal_split_and_noise_free_efficiency_bounded_by_one():
+    res = simulate(Cluster(ranks=4), "hl4", global_batch_size=128, steps=200)
+    s = res.summary()
+    assert s["steady"]["speedup_vs_equal"] > 1.5
+    assert np.all(res.ideal_time <= res.step_time + 1e-12)
+
+
+def test_decision_cadence_matches_the_callback():
+    """Gather after every adjust_every steps; new sizes one step later."""
+    res = simulate(Cluster(ranks=4), "hl8", global_batch_size=64, steps=100,
+                   control=Control(adjust_every=10))
+    assert [d["step"] for d in res.decisions] == list(range(9, 100, 10))
+    first = res.decisions[0]
+    assert first["changed"] and first["effective_step"] == 11
+    assert res.tracked_sizes[10].tolist() == [16, 16, 16, 16]
+    assert res.tracked_sizes[11].tolist() != [16, 16, 16, 16]
+
+
+def test_reference_policy_adjusts_once_per_epoch():
+    res = simulate(Cluster(ranks=4), "hl8", global_batch_size=64, steps=300,
+                   control=reference_control(steps_per_epoch=100))
+    assert [d["step"] for d in res.decisions] == [99, 199, 299]
+    assert res.control["deadband"] == 0.2 and res.control["timing"] == "mean"
+
+
+def test_dynamic_profile_phases_and_convergence():
+    prof = make_profile("dynamic", 4, 700, phase_steps=100)
+    assert prof.change_steps == [0, 100, 200, 300, 400, 500, 600]
+    res = simulate(Cluster(ranks=4), prof, global_batch_size=128, steps=700,
+                   control=Control(policy="proportional", window="decision"))
+    conv = res.convergence()
+    assert len(conv) == len(DYNAMIC_SCHEDULE)
+    assert all(c["steps"] is not None for c in conv)
+
+
+def test_noisy_neighbours_slow_a_fraction_of_ranks():
+    prof = make_profile("noisy", 20, 10, slow_fraction=0.25, slowdown=4.0, slow_period=5, seed=0)
+    speeds = list(prof.stream(10))
+    assert np.sum(speeds[0] < 1.0) == 5 and speeds[0].min() == pytest.approx(0.25)
+    assert prof.change_steps == [0, 5]
+
+
+def test_bad_input_is_rejected_with_a_clear_message():
+    with pytest.raises(ConfigError, match="ranks"):
+        simulate(Cluster(ranks=0), "hl1", global_batch_size=8, steps=10)
+    with pytest.raises(ConfigError, match="adjust_every"):
+        simulate(Cluster(ranks=2), "hl1", global_batch_size=8, steps=10,
+                 control=Control(adjust_every=2))
+    with pytest.raises(ConfigError, match="profile"):
+        simulate(Cluster(ranks=2), "fast", global_batch_size=8, steps=10)
+    with pytest.raises(ValueError, match="min_batch_size"):
+        simulate(Cluster(ranks=4), "hl1", global_batch_size=8, steps=10,
+                 control=Control(min_batch_size=4))
+
+
+def test_cli_writes_json_and_png(tmp_path, capsys):
+    out = tmp_path / "sim"
+    rc = cli.main(["simulate", "--ranks", "8", "--steps", "140", "--profile", "dynamic",
+                   "--compare", "--out", str(out), "--every", "2"])
+    assert rc == 0
+    doc = json.loads((out / "simulate.json").read_text())
+    assert set(doc) == {"omnihvd", "reference"}
+    assert doc["omnihvd"]["summary"]["ranks"] == 8
+    assert len(doc["omnihvd"]["series"]["efficiency"]) == 70
+    png = (out / "simulate.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "steady efficiency" in capsys.readouterr().out
