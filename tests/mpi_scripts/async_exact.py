@@ -1,0 +1,102 @@
+"""Asynchronous mode end to end: every update applied exactly once, balancing moves sizes.
+
+Usage::
+
+    async_exact.py NUM_SERVERS [--balance] [--speeds 1,1,3]
+
+Each worker's "gradient" is a constant ``c_w`` (a power of two per worker, no
+dependence on the parameters), so the final parameters are fully determined by the
+sequence of applied updates: every server replays its own update log in float32 and
+must land bit-for-bit on the parameters it holds, and the workers' final model must
+equal the servers' shards. Workers run different numbers of steps (so they finish at
+different times) and sleep ``batch * 2 ms / speed`` per step (emulated speeds).
+Prints ``ASYNC-OK ...`` on rank 0 when every check passes.
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from omnihvd.asynchronous import AsyncOmniLearnCallback
+
+LR = 0.5
+B = 48
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("num_servers", type=int)
+    p.add_argument("--balance", action="store_true")
+    p.add_argument("--speeds", default="1,1,3")
+    args = p.parse_args()
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    torch.manual_seed(rank)  # different on every rank: rank 0's values must win
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    cb = AsyncOmniLearnCallback(model, global_batch_size=B, lr=LR, num_servers=args.num_servers,
+                                balance=args.balance, adjust_every=2, settle_steps=1,
+                                policy="proportional", deadband=0.05, idle_timeout=120)
+    speeds = [float(s) for s in args.speeds.split(",")]
+    if len(speeds) != cb.num_workers:
+        raise SystemExit("--speeds needs %d values" % cb.num_workers)
+    numel = cb.numel
+    init = np.empty(numel, np.float32)
+    if rank == 0:
+        init[:] = torch.cat([q.detach().reshape(-1) for q in model.parameters()]).numpy()
+    world.Bcast(init, root=0)
+
+    with cb:
+        if cb.is_server:
+            report = cb.serve()
+            lo, hi = cb.bounds[rank], cb.bounds[rank + 1]
+            replay = init[lo:hi].copy()
+            log = report["log"]
+            for w, b, scale in zip(log["worker"], log["batch_size"], log["scale"]):
+                c = np.float32(2.0 ** -(w - cb.num_servers))
+                replay -= np.float32(LR * scale * (b / B)) * np.full(hi - lo, c, np.float32)
+            assert np.array_equal(replay, cb._core.params), "server %d: replay differs" % rank
+            result = {"report": {k: v for k, v in report.items() if k != "log"},
+                      "shard": cb._core.params.copy(), "per_worker": {
+                          w: log["worker"].count(w) for w in cb.workers}}
+        else:
+            w = cb.worker_index
+            steps = 12 + 10 * w  # workers finish at different times
+            cb.on_train_begin()
+            for _ in range(steps):
+                cb.on_batch_begin()
+                for q in model.parameters():
+                    q.grad = torch.full_like(q, 2.0 ** -w)
+                time.sleep(cb.batch_size * 0.002 / speeds[w])
+                cb.on_batch_end()
+            cb.on_train_end()
+            final = torch.cat([q.detach().reshape(-1) for q in model.parameters()]).numpy()
+            result = {"pushes": steps, "final": final.copy(), "sizes": [h["batch_size"] for h in cb.history]}
+
+    everything = world.gather(result, root=0)
+    if rank == 0:
+        servers = everything[:cb.num_servers]
+        workers = everything[cb.num_servers:]
+        shards = np.concatenate([s["shard"] for s in servers])
+        for i, w in enumerate(workers):
+            assert np.array_equal(w["final"], shards), "worker %d final model differs" % i
+            for s in servers:  # each server applied each worker's pushes exactly once
+                assert s["per_worker"][cb.num_servers + i] == w["pushes"], (s["per_worker"], i)
+        assert not np.array_equal(shards, init)
+        rep = servers[0]["report"]
+        assert rep["updates"] == sum(w["pushes"] for w in workers)
+        staleness = rep["staleness"]
+        print("ASYNC-OK updates=%d staleness=%s final_sizes=%s decisions=%d first_sizes=%s"
+              % (rep["updates"], staleness, rep["batch_sizes"], len(rep["decisions"]),
+                 [w["sizes"][:3] for w in workers]), flush=True)
+        if args.balance:
+            sizes = rep["batch_sizes"]
+            fastest = int(np.argmax(speeds))
+            assert any(d["changed"] for d in rep["decisions"]), rep["decisions"]
+            assert all(sizes[fastest] > sizes[i] for i in range(len(sizes)) if speeds[i] < speeds[fastest]), sizes
+            print("ASYNC-BALANCED sizes=%s" % sizes, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Asynchronous mode under a real mpirun: exactness, sharding, balancing, faults.
+
+Every launch has a timeout well below what a hang would take: the fault scripts'
+healthy workers train for tens of seconds, so a job that did not abort promptly
+runs into it.
+"""
+import os
+
+import pytest
+
+from mpirun import mpirun
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXACT = os.path.join(HERE, "mpi_scripts", "async_exact.py")
+FAIL = os.path.join(HERE, "mpi_scripts", "async_fail.py")
+
+pytestmark = pytest.mark.mpi
+
+
+def test_one_server_three_workers_balanced_every_update_applied_once():
+    out = mpirun(4, EXACT, 1, "--balance", "--speeds", "1,1,3", timeout=180).stdout
+    assert "ASYNC-OK" in out and "ASYNC-BALANCED" in out, out
+
+
+def test_two_servers_shard_the_parameters():
+    out = mpirun(4, EXACT, 2, "--speeds", "1,2", timeout=180).stdout
+    assert "ASYNC-OK updates=34 " in out, out  # workers push 12 and 22 times
+
+
+@pytest.mark.parametrize("mode,expect", [
+    ("raise", ["rank 2 (worker 1) failed; aborting the job",
+               "RuntimeError: injected failure in worker 1"]),
+    ("bad_shape", ["rank 0 (server 0) failed",
+                   "server rank 0 rejected PUSH from worker rank 2: gradient shard has 23 "
+                   "elements, expected 26"]),
+    ("duplicate", ["server rank 0 rejected PUSH from worker rank 2: sequence number 1, expected "
+                   "2: an update was a repeat"]),
+])
+def test_a_failing_or_misbehaving_worker_aborts_the_job_naming_the_rank(mode, expect):
+    proc = mpirun(4, FAIL, mode, 1, timeout=120, check=False)
+    assert proc.returncode != 0, proc.stdout
+    for text in expect:
+        assert text in proc.stdout, proc.stdout[-4000:]
+
+
+@pytest.mark.parametrize("mode,expect", [
+    ("options", "rank 2 has global_batch_size=40 but rank 0 has 32"),
+    ("model", "rank 2 has model_layout="),
+])
+def test_ranks_that_disagree_on_options_or_model_all_get_the_same_error(mode, expect):
+    out = mpirun(3, FAIL, mode, 1, timeout=120).stdout
+    lines = [line for line in out.splitlines() if "ERROR RankMismatchError" in line]
+    assert len(lines) == 3, out
+    assert all(expect in line for line in lines), out
