@@ -1,8 +1,8 @@
 """The OmniLearn batch-size controller. Pure numpy: no torch, horovod or mpi4py.
 
 Every function here is deterministic: the same inputs give bit-identical outputs on
-every rank, also on different processors, because sums use :func:`math.fsum`
-(exactly rounded) and everything else is element-wise IEEE arithmetic and sorting.
+every rank, also on different processors, because it uses only element-wise IEEE
+arithmetic, sorting and numpy's fixed-order sums -- no threads, no BLAS.
 That is what lets every rank compute the same decision from the same gathered data
 without a second collective.
 
@@ -62,7 +62,9 @@ class TimeModel(NamedTuple):
 
 
 def _fsum(values) -> float:
-    return math.fsum(float(v) for v in values)
+    # numpy's float64 sum is a fixed-order pairwise summation (no reassociation, no
+    # fused multiply-add), so it gives the same bits on every rank.
+    return float(np.sum(np.asarray(values, dtype=np.float64)))
 
 
 def _as_int_vector(name, values, n=None):
@@ -93,7 +95,7 @@ def _as_time_vector(name, values, n):
     bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
     if bad.size:
         raise ConfigError("%s must be finite and positive; rank %d has %r. Drop the "
-                          "measurement instead of passing it." % (name, bad[0], arr[bad[0]]))
+                          "measurement instead of passing it." % (name, bad[0], float(arr[bad[0]])))
     return arr
 
 
@@ -178,9 +180,9 @@ def _water_fill(offset, scale, total, lo, hi):
     def filled(s):
         return np.clip(offset + scale * s, lo_f, hi_f)
 
+    if _fsum(hi_f) <= total:  # every rank at its cap (resolve_bounds excludes "<")
+        return hi_f
     lo_i, hi_i = 0, breaks.size - 1
-    if _fsum(filled(breaks[hi_i])) < total:  # cannot happen after resolve_bounds
-        raise InfeasibleError("caps sum below global_batch_size")
     while hi_i - lo_i > 1:  # invariant: sum(filled(breaks[lo_i])) <= total <= sum(...hi_i)
         mid = (lo_i + hi_i) // 2
         if _fsum(filled(breaks[mid])) <= total:
@@ -239,26 +241,25 @@ def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
 
 
 def _round_to_total(values, total, lo, hi):
+    """Largest-remainder rounding of ``values`` to integers summing to ``total``.
+
+    Ranks are served by decreasing fractional part, lower rank first on ties (the
+    fraction is rounded to 12 digits so float noise cannot reorder true ties).
+    """
     sizes = np.clip(np.floor(values + 1e-9).astype(np.int64), lo, hi)
+    frac = np.round(values - sizes, 12)
+    order = np.lexsort((np.arange(sizes.size), -frac))
     short = total - int(sizes.sum())
-    frac = values - sizes
-    # Largest remainder first, lower rank on ties; repeat passes absorb float slop.
-    order = sorted(range(sizes.size), key=lambda i: (-round(float(frac[i]), 12), i))
     while short != 0:
-        moved = False
-        for i in order:
-            if short > 0 and sizes[i] < hi[i]:
-                sizes[i] += 1
-                short -= 1
-                moved = True
-            elif short < 0 and sizes[i] > lo[i]:
-                sizes[i] -= 1
-                short += 1
-                moved = True
-            if short == 0:
-                break
-        if not moved:  # excluded by resolve_bounds
+        if short > 0:
+            room = order[sizes[order] < hi[order]][:short]
+            sizes[room] += 1
+        else:
+            room = order[::-1][sizes[order[::-1]] > lo[order[::-1]]][:-short]
+            sizes[room] -= 1
+        if room.size == 0:  # excluded by resolve_bounds
             raise InfeasibleError("no integer split of %d within the bounds" % total)
+        short = total - int(sizes.sum())
     return [int(v) for v in sizes]
 
 
@@ -330,15 +331,17 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
 # ------------------------------------------------------------- affine policy
 
 
-def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.9) -> TimeModel:
+def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.5,
+                   min_spread=0.1) -> TimeModel:
     """Fit ``t_i(b) = a_i + c_i b`` per rank from its measured (size, time) history.
 
     Least squares per rank. The line is then re-anchored through the rank's latest
     measurement (the current state, which matters when speeds change) keeping the
     fitted intercept, clamped to ``[0, max_intercept_fraction * t_latest]`` so that a
-    noisy fit can neither go negative nor claim a step is all fixed cost. A rank with
-    fewer than two distinct sizes, or a non-increasing fit, gets ``a_i = 0``: the
-    proportional model.
+    noisy fit can neither go negative nor claim a step is mostly fixed cost (which
+    would make the rank look far faster per sample than it is). A rank whose sizes
+    spread less than ``min_spread`` (relative to their mean) has no usable slope and,
+    like a non-increasing fit, gets ``a_i = 0``: the proportional model.
 
     Args:
         history_sizes: array-like ``(k, n)``: sizes at k past measurements, oldest first.
@@ -358,21 +361,20 @@ def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.9) 
                           % (sizes.shape, times.shape))
     if not (np.all(np.isfinite(times)) and np.all(times > 0) and np.all(sizes >= 1)):
         raise ConfigError("history must hold sizes >= 1 and finite positive times")
-    k, n = sizes.shape
-    intercept = np.zeros(n)
-    slope = np.empty(n)
-    for i in range(n):
-        b, t = sizes[:, i], times[:, i]
-        b_last, t_last = b[-1], t[-1]
-        a = 0.0
-        if k >= 2 and np.ptp(b) > 0:
-            bm, tm = _fsum(b) / k, _fsum(t) / k
-            var = _fsum((b - bm) ** 2)
-            c = _fsum((b - bm) * (t - tm)) / var
-            if c > 0:
-                a = min(max(tm - c * bm, 0.0), max_intercept_fraction * t_last)
-        intercept[i] = a
-        slope[i] = (t_last - a) / b_last
+    k = sizes.shape[0]
+    b_last, t_last = sizes[-1], times[-1]
+    intercept = np.zeros(sizes.shape[1])
+    if k >= 2:
+        # Column-wise least squares. Sums over k <= history rows run in a fixed order,
+        # so they are as deterministic as fsum here, and vectorised over ranks.
+        bm, tm = sizes.sum(axis=0) / k, times.sum(axis=0) / k
+        var = ((sizes - bm) ** 2).sum(axis=0)
+        usable = ((sizes.max(axis=0) - sizes.min(axis=0)) >= min_spread * bm) & (var > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = np.where(usable, ((sizes - bm) * (times - tm)).sum(axis=0) / np.where(usable, var, 1.0), 0.0)
+        a = np.clip(tm - c * bm, 0.0, max_intercept_fraction * t_last)
+        intercept = np.where(usable & (c > 0), a, 0.0)
+    slope = (t_last - intercept) / b_last
     return TimeModel(intercept, slope)
 
 
@@ -454,6 +456,8 @@ class Controller:
     def observe(self, batch_sizes, times):
         """Record one round of measurements without deciding."""
         b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
+        if np.any(b < 1):
+            raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
         t = _as_time_vector("times", times, self.num_ranks)
         self._sizes = (self._sizes + [b])[-self.history:]
         self._times = (self._times + [t])[-self.history:]

@@ -142,8 +142,6 @@ def test_single_rank_gets_everything():
     assert solve_time_model(TimeModel(np.array([1.0]), np.array([0.1])), 7) == [7]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _water_fill rejects caps that sum exactly to B "
-                   "when (hi - offset) / scale * scale rounds below hi")
 def test_caps_summing_exactly_to_B_are_feasible():
     # One rank (hi = B) under the default affine policy: the size-1 world's default.
     assert Controller(1, 7).decide([7], [0.3]) == [7]
@@ -461,11 +459,7 @@ def test_bad_input_raises_clear_value_error(call, error, pattern):
     assert isinstance(info.value, ValueError) and isinstance(info.value, OmniHvdError)
 
 
-@pytest.mark.parametrize("policy", [
-    pytest.param("affine", marks=pytest.mark.xfail(
-        strict=True, reason="bug: Controller.observe stores sizes < 1 before the fit rejects "
-        "them, so every later affine decide raises until the row leaves the history")),
-    "proportional"])
+@pytest.mark.parametrize("policy", ["affine", "proportional"])
 def test_rejected_measurement_does_not_poison_controller(policy):
     ctl = Controller(2, 60, policy=policy)
     with pytest.raises(ConfigError):

@@ -1,0 +1,422 @@
+"""OmniLearnCallback: the drop-in object that ties timing, gathering, control,
+gradient weighting and the sampler together. It owns no math of its own.
+
+Per step (the indices are global steps, counted across epochs)::
+
+    on_batch_begin   sizes for this step -> gradient weight; start the local timer
+    opt.step()       pre-hook: local time ends (synchronize waits for others next)
+    on_batch_end     record the time; every ``adjust_every`` steps post a
+                     non-blocking allgather of [time, samples, size, lookahead,
+                     digest]; one step later complete it, decide (every rank the
+                     same, from the same data), schedule the new sizes for the
+                     first step no rank's sampler has handed out yet
+
+A change therefore takes effect at the same step on every rank, also when a
+``DataLoader`` with workers has already prefetched a few batches.
+"""
+import logging
+import time
+import zlib
+from typing import Dict, List, Optional
+
+from .comm import make_comm
+from .controller import POLICIES, Controller, apportion
+from .errors import ConfigError, RankMismatchError
+from .timing import SUMMARIES, StepTimer, TimingWindow
+from .weighting import GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight
+
+__all__ = ["OmniLearnCallback"]
+
+log = logging.getLogger("omnihvd")
+
+# Columns of the per-adjustment allgather payload.
+_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST = range(5)
+
+
+def _digest(sizes) -> float:
+    """A float-exact checksum of a size vector (crc32 fits a float64 exactly)."""
+    return float(zlib.crc32(",".join(str(int(b)) for b in sizes).encode()))
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError("%s must be an int >= %d, got %r" % (name, minimum, value))
+    return value
+
+
+class OmniLearnCallback:
+    """OmniLearn dynamic batch sizing for a Horovod PyTorch training loop.
+
+    Args:
+        model: the ``torch.nn.Module`` being trained.
+        optimizer: the ``hvd.DistributedOptimizer`` wrapping the model's optimizer
+            (``op=hvd.Average`` or ``op=hvd.Sum``).
+        global_batch_size: B, the samples per step over all ranks; held exactly.
+        initial_batch_sizes: one int per rank summing to B (static
+            heterogeneity-aware sizing); default: an equal split.
+        min_batch_size: int or per-rank list (default 1).
+        max_batch_size: None, int or per-rank list (memory caps).
+        deadband: apply new sizes only when the largest relative change reaches it
+            (default 0.05, the paper's 5%).
+        gain: controller gain K (default 1.0).
+        adjust_every: steps between adjustments (default 20).
+        policy: ``"affine"`` (default; time model a + c*b) or ``"proportional"``
+            (the paper's controller).
+        settle_steps: steps not timed after each size change (default 1).
+        timing: ``"median"`` (default, robust) or ``"mean"`` per window.
+        nonblocking: overlap the allgather with the next step (default True).
+        comm: None (automatic), or the mpi4py communicator given to ``hvd.init``.
+
+    Raises:
+        ConfigError: on every rank, when any rank's options are invalid (the message
+            names the rank and the fix).
+
+    Example::
+
+        import horovod.torch as hvd, omnihvd
+        hvd.init()
+        opt = hvd.DistributedOptimizer(base_opt, named_parameters=model.named_parameters())
+        cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=512)
+        sampler = omnihvd.HeterogeneousBatchSampler(len(dataset), cb, seed=0)
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
+        cb.on_train_begin()
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch); cb.on_epoch_begin(epoch)
+            for x, y in loader:
+                cb.on_batch_begin()
+                opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+                cb.on_batch_end()
+            cb.on_epoch_end(epoch)
+    """
+
+    def __init__(self, model, optimizer, global_batch_size: int, *,
+                 initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
+                 max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
+                 adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
+                 timing: str = "median", nonblocking: bool = True, comm=None):
+        import horovod.torch as hvd
+
+        if not hvd.is_initialized():
+            raise ConfigError("Horovod is not initialised: call hvd.init() before creating "
+                              "OmniLearnCallback")
+        self.rank, self.num_ranks = hvd.rank(), hvd.size()
+        self._comm = make_comm(comm, rank=self.rank, size=self.num_ranks)
+        error = None
+        try:
+            self._configure(model, optimizer, global_batch_size, initial_batch_sizes,
+                            min_batch_size, max_batch_size, deadband, gain, adjust_every,
+                            policy, settle_steps, timing, nonblocking)
+        except Exception as exc:  # reported on every rank below, never on one alone
+            error = exc
+        self._agree_on_errors(error)
+
+    # ------------------------------------------------------------ set-up
+    def _configure(self, model, optimizer, global_batch_size, initial_batch_sizes,
+                   min_batch_size, max_batch_size, deadband, gain, adjust_every, policy,
+                   settle_steps, timing, nonblocking):
+        if not hasattr(model, "parameters"):
+            raise ConfigError("model must be a torch.nn.Module, got %s" % type(model).__name__)
+        self._average = _optimizer_op(optimizer)
+        process_set = getattr(optimizer, "process_set", None)
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise ConfigError("optimizer uses a non-global Horovod process set; omnihvd balances "
+                              "the global set only: create it without process_set=")
+        B = _check_int("global_batch_size", global_batch_size, 1)
+        self.adjust_every = _check_int("adjust_every", adjust_every, 1)
+        if policy not in POLICIES:
+            raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
+        if timing not in SUMMARIES:
+            raise ConfigError("timing must be one of %s, got %r" % (", ".join(SUMMARIES), timing))
+        self.global_batch_size = B
+        self.nonblocking = bool(nonblocking)
+        self.controller = Controller(self.num_ranks, B, policy=policy, gain=gain,
+                                     deadband=deadband, min_batch_size=min_batch_size,
+                                     max_batch_size=max_batch_size)
+        lo, hi = self.controller.lo, self.controller.hi
+        if initial_batch_sizes is None:
+            sizes = apportion([1.0] * self.num_ranks, B, lo, hi)
+        else:
+            sizes = [int(b) for b in initial_batch_sizes] if isinstance(
+                initial_batch_sizes, (list, tuple)) else None
+            if sizes is None or len(sizes) != self.num_ranks or any(
+                    b != v for b, v in zip(sizes, initial_batch_sizes)):
+                raise ConfigError("initial_batch_sizes must be a list of %d ints (one per rank), "
+                                  "got %r" % (self.num_ranks, initial_batch_sizes))
+            if sum(sizes) != B:
+                raise ConfigError("initial_batch_sizes %r sum to %d, not global_batch_size %d"
+                                  % (sizes, sum(sizes), B))
+            bad = [r for r, b in enumerate(sizes) if not lo[r] <= b <= hi[r]]
+            if bad:
+                r = bad[0]
+                raise ConfigError("initial_batch_sizes[%d]=%d is outside [%d, %d] (min/max_batch_size)"
+                                  % (r, sizes[r], lo[r], hi[r]))
+        self._model = model
+        self._optimizer = optimizer
+        self._options = dict(
+            global_batch_size=B, initial_batch_sizes=list(sizes), min_batch_size=lo.tolist(),
+            max_batch_size=hi.tolist(), deadband=self.controller.deadband,
+            gain=self.controller.gain, adjust_every=self.adjust_every, policy=policy,
+            settle_steps=settle_steps, timing=timing, nonblocking=self.nonblocking,
+            average=self._average,
+            backward_passes_per_step=getattr(optimizer, "backward_passes_per_step", 1))
+        self._window = TimingWindow(settle_steps, timing)
+        self._timer = StepTimer()
+        self._weight = GradientWeight(1.0)
+        # Schedule: (first step, sizes) in increasing order; the last entry whose
+        # first step is <= s gives the sizes of step s.
+        self._changes = [(0, list(sizes))]
+        self._issued: Dict[int, List[int]] = {}   # step -> sizes the sampler handed out
+        self._issued_upto = -1
+        self._max_lookahead = -1
+        self._pending = None
+        self._window_sizes: Optional[List[int]] = None
+        self._step_sizes: Optional[List[int]] = None
+        self._hooks = []
+        self._started = False
+        self._drop_sample = False
+        self.step = 0
+        self.epoch = 0
+        self.history: List[Dict] = []
+        self.overhead_seconds = 0.0
+
+    def _agree_on_errors(self, error):
+        reports = self._comm.allgather_object(None if error is None else
+                                              "%s: %s" % (type(error).__name__, error))
+        failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
+        if not failed:
+            return
+        detail = "; ".join("rank %d: %s" % (r, msg) for r, msg in failed)
+        if len(failed) == len(reports) and len({m for _, m in failed}) == 1 and isinstance(
+                error, ValueError):
+            raise error  # the same problem everywhere: keep its own type and message
+        raise ConfigError("OmniLearnCallback rejected its configuration on %d of %d ranks (%s)"
+                          % (len(failed), len(reports), detail)) from error
+
+    def _fingerprint(self):
+        shapes = [(name, tuple(p.shape)) for name, p in self._model.named_parameters()]
+        fp = dict(self._options)
+        fp["model"] = "%d tensors, %d values, crc %08x" % (
+            len(shapes), sum(int(p.numel()) for p in self._model.parameters()),
+            zlib.crc32(repr(shapes).encode()))
+        fp["resume"] = (self.step, self.batch_sizes)
+        return fp
+
+    # ------------------------------------------------------------ schedule
+    @property
+    def current_step(self) -> int:
+        """Steps completed so far (the index of the step about to run)."""
+        return self.step
+
+    def batch_sizes_at(self, step: int) -> List[int]:
+        """All ranks' sizes for global step ``step`` as scheduled now."""
+        if step in self._issued:
+            return list(self._issued[step])
+        sizes = self._changes[0][1]
+        for first, s in self._changes:
+            if first > step:
+                break
+            sizes = s
+        return list(sizes)
+
+    @property
+    def batch_sizes(self) -> List[int]:
+        """Every rank's current batch size (the same list on every rank); sums to B."""
+        return self.batch_sizes_at(self.step)
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's current batch size, b_i."""
+        return self.batch_sizes[self.rank]
+
+    def issue(self, step: int, total: int) -> List[int]:
+        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler)."""
+        sizes = self.batch_sizes_at(step)
+        if total != self.global_batch_size:  # the last, partial step of an epoch
+            sizes = apportion(sizes, total)
+        self._issued[step] = sizes
+        self._issued_upto = max(self._issued_upto, step)
+        return list(sizes)
+
+    def _schedule(self, first_step: int, sizes: List[int]):
+        if first_step <= self._issued_upto:
+            raise RuntimeError(
+                "omnihvd internal error: rank %d already handed out step %d, so new sizes cannot "
+                "start at step %d; please report this with your DataLoader settings"
+                % (self.rank, self._issued_upto, first_step))
+        self._changes = [c for c in self._changes if c[0] < first_step] + [(first_step, list(sizes))]
+
+    # --------------------------------------------------------------- hooks
+    def on_train_begin(self, logs=None):
+        """Register the gradient-weight and timing hooks; check that ranks agree."""
+        if self._started:
+            return
+        t0 = time.perf_counter()
+        views = self._comm.allgather_object(self._fingerprint())
+        diffs = []
+        for key in views[0]:
+            values = [v.get(key) for v in views]
+            if any(v != values[0] for v in values):
+                diffs.append("%s: %s" % (key, ", ".join("rank %d has %r" % (r, v)
+                                                        for r, v in enumerate(values))))
+        if diffs:
+            raise RankMismatchError("ranks disagree on the omnihvd configuration or model; every "
+                                    "rank must pass the same values (%s)" % "; ".join(diffs))
+        self._hooks = [register_gradient_weight(self._model.parameters(), self._weight),
+                       self._optimizer.register_step_pre_hook(self._on_step_entry)]
+        self._started = True
+        if self.rank == 0:
+            log.info("omnihvd: %d ranks, global batch %d, initial sizes %s, policy %s, adjust "
+                     "every %d steps", self.num_ranks, self.global_batch_size, self.batch_sizes,
+                     self.controller.policy, self.adjust_every)
+        self.overhead_seconds += time.perf_counter() - t0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Record the epoch (the sampler's ``set_epoch`` chooses the permutation)."""
+        self.epoch = epoch
+
+    def on_batch_begin(self, batch=None, logs=None):
+        """Set this step's gradient weight and start the local timer."""
+        if not self._started:
+            self.on_train_begin()
+        t0 = time.perf_counter()
+        sizes = self.batch_sizes_at(self.step)
+        self._step_sizes = sizes
+        self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average)
+        if sizes != self._window_sizes:
+            self._window.reset(settle=True)
+            self._window_sizes = sizes
+        self._drop_sample = False
+        self._timer.start()
+        self.overhead_seconds += time.perf_counter() - t0
+
+    def _on_step_entry(self, optimizer, args, kwargs):
+        # Horovod's step() enters this hook before synchronize() (and once more from
+        # the wrapped optimizer's step after it); the timer keeps the first.
+        if getattr(optimizer, "_synchronized", False):
+            self._drop_sample = True  # synchronize() already ran: the time includes waiting
+        self._timer.mark_wait()
+
+    def on_batch_end(self, batch=None, logs=None):
+        """Record the step's local time; gather, decide and schedule when due."""
+        local = self._timer.stop()
+        t0 = time.perf_counter()
+        if local is not None and not self._drop_sample:
+            self._window.add(local)
+        self.step += 1
+        self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
+        self._max_lookahead = max(self._max_lookahead, self._issued_upto - self.step)
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._decide(pending.wait())
+        if self.step % self.adjust_every == 0:
+            payload = [self._window.summary(), len(self._window),
+                       (self._window_sizes or self.batch_sizes)[self.rank],
+                       max(self._max_lookahead, self._issued_upto - self.step),
+                       _digest(self._window_sizes or self.batch_sizes)]
+            if self.nonblocking:
+                self._pending = self._comm.iallgather(payload)
+            else:
+                self._decide(self._comm.allgather(payload))
+        self.overhead_seconds += time.perf_counter() - t0
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Nothing to do: adjustments run by step, independent of epochs."""
+
+    def on_train_end(self, logs=None):
+        """Finish any in-flight gather and remove the hooks."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._weight.value = 1.0
+        self._started = False
+
+    close = on_train_end
+
+    # ------------------------------------------------------------ deciding
+    def _decide(self, gathered):
+        t0 = time.perf_counter()
+        digests = set(gathered[:, _DIGEST].tolist())
+        if len(digests) != 1:
+            raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
+                                    "omnihvd state diverged (were different checkpoints loaded?)"
+                                    % self.step)
+        times = gathered[:, _TIME]
+        sizes = [int(b) for b in gathered[:, _SIZE]]
+        record = {"step": self.step, "epoch": self.epoch, "sizes": sizes,
+                  "times": [float(t) for t in times],
+                  "samples": [int(c) for c in gathered[:, _COUNT]]}
+        valid = all(t == t and t > 0 for t in record["times"]) and min(record["samples"]) > 0
+        if not valid:
+            record.update(new_sizes=sizes, changed=False, effective_step=None,
+                          skipped="no valid timing on rank(s) %s" % [
+                              r for r, t in enumerate(record["times"]) if not (t == t and t > 0)])
+        else:
+            new = self.controller.decide(sizes, times)
+            changed = new != self._changes[-1][1]  # not already current or scheduled
+            effective = self.step + max(int(gathered[:, _AHEAD].max()), -1) + 1
+            if changed:
+                self._schedule(effective, new)
+            record.update(new_sizes=new, changed=changed,
+                          effective_step=effective if changed else None)
+            if changed and self.rank == 0:
+                log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s)",
+                         self.step, sizes, new, effective,
+                         ", ".join("%.4g" % t for t in times))
+        record["decision_s"] = time.perf_counter() - t0
+        self.history.append(record)
+
+    @property
+    def adjustments(self) -> int:
+        """How many decisions changed the sizes so far."""
+        return sum(1 for h in self.history if h.get("changed"))
+
+    @property
+    def overhead_per_step(self) -> float:
+        """Mean seconds per step spent in the callback's own code."""
+        return self.overhead_seconds / max(self.step, 1)
+
+    # --------------------------------------------------------- checkpoints
+    def state_dict(self) -> Dict:
+        """Batch sizes, time-model history and step, for the user's checkpoint."""
+        return {"version": 1, "global_batch_size": self.global_batch_size,
+                "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
+                "batch_sizes": self.batch_sizes,
+                "changes": [(s, v) for s, v in self._changes if s > self.step],
+                "controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state: Dict):
+        """Restore from :meth:`state_dict`; call on every rank before training resumes.
+
+        On a different number of ranks the global batch is re-split (equally, or by
+        ``initial_batch_sizes`` when given) and the measured history is dropped.
+
+        Raises:
+            ConfigError: the checkpoint has another global batch size, or is malformed.
+        """
+        try:
+            B, n, step = state["global_batch_size"], state["num_ranks"], int(state["step"])
+            sizes = [int(b) for b in state["batch_sizes"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("not an OmniLearnCallback state_dict (%s)" % exc) from exc
+        if B != self.global_batch_size:
+            raise ConfigError("checkpoint has global_batch_size %d but this run has %d; resume "
+                              "with the same global batch" % (B, self.global_batch_size))
+        if self._started:
+            raise ConfigError("load_state_dict must be called before on_train_begin")
+        self.step, self.epoch = step, int(state.get("epoch", 0))
+        self._issued, self._issued_upto, self._max_lookahead = {}, step - 1, -1
+        if n == self.num_ranks:
+            if sum(sizes) != B or any(not lo <= b <= hi for b, lo, hi in zip(
+                    sizes, self.controller.lo, self.controller.hi)):
+                sizes = apportion(sizes, B, self.controller.lo, self.controller.hi)
+            self._changes = [(step, sizes)] + [(int(s), list(v)) for s, v in state.get("changes", [])]
+            self.controller.load_state_dict(state.get("controller", {}))
+        else:
+            self._changes = [(step, list(self._options["initial_batch_sizes"]))]
+            self.controller.forget()
+            if self.rank == 0:
+                log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
+                         n, self.num_ranks, self.batch_sizes)

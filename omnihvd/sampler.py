@@ -1,0 +1,186 @@
+"""Per-rank batches of varying size cut from one global shuffled order per epoch.
+
+Each epoch has one permutation of the dataset (from ``seed + epoch``, identical on
+every rank). Global step ``j`` of the epoch owns positions ``[j*B, (j+1)*B)`` of that
+order; rank ``i`` takes the slice of length ``b_i`` that starts after the slices of
+ranks ``0..i-1``. So every step consumes exactly B distinct samples, every rank runs
+the same number of steps, and a change of sizes -- which the schedule makes
+effective at the same step on every rank -- never repeats or skips a sample.
+
+Last partial global batch (``N mod B`` samples left over):
+
+* ``drop_last=True`` (default): not used this epoch. The permutation changes every
+  epoch, so a different handful is left out each time; every step keeps the full
+  global batch B and so the same learning-rate semantics.
+* ``drop_last=False``: one more, smaller step uses them, split in proportion to the
+  current sizes (at least one sample per rank); when fewer remain than there are
+  ranks, they are dropped, since a rank with no sample cannot take a step.
+
+The sizes come from a *schedule* -- the :class:`~omnihvd.OmniLearnCallback` -- which
+must provide ``rank``, ``num_ranks``, ``global_batch_size``, ``current_step`` (steps
+completed) and ``issue(step, total) -> list of sizes``. :class:`StaticSchedule` is a
+fixed one, for tests and for static heterogeneity-aware sizing without a callback.
+"""
+from typing import Dict, Iterator, List, Optional
+
+import torch
+from torch.utils.data import Sampler
+
+from .controller import apportion
+from .errors import ConfigError
+
+__all__ = ["HeterogeneousBatchSampler", "StaticSchedule"]
+
+
+class StaticSchedule:
+    """A schedule with fixed sizes, for one rank of a simulated or static world.
+
+    >>> s = StaticSchedule([2, 3], rank=1)
+    >>> s.issue(0, 5), s.global_batch_size
+    ([2, 3], 5)
+    """
+
+    def __init__(self, batch_sizes, rank: int = 0):
+        self.batch_sizes = [int(b) for b in batch_sizes]
+        self.rank = int(rank)
+        self.num_ranks = len(self.batch_sizes)
+        self.global_batch_size = sum(self.batch_sizes)
+        self.current_step = 0
+
+    def issue(self, step: int, total: int) -> List[int]:
+        if total == self.global_batch_size:
+            return list(self.batch_sizes)
+        return apportion(self.batch_sizes, total)
+
+
+class HeterogeneousBatchSampler(Sampler):
+    """Batch sampler: this rank's indices for each global step.
+
+    Args:
+        num_samples: the dataset's length, N.
+        schedule: the :class:`~omnihvd.OmniLearnCallback` (or a :class:`StaticSchedule`).
+        seed: shuffling seed; must be the same on every rank.
+        shuffle: permute each epoch (``seed + epoch``); False keeps dataset order.
+        drop_last: policy for the last partial global batch (module docstring).
+
+    Raises:
+        ConfigError: N < B, or malformed arguments.
+
+    Example (two simulated ranks of sizes 2 and 3 over 10 samples)::
+
+        >>> s0 = HeterogeneousBatchSampler(10, StaticSchedule([2, 3], 0), shuffle=False)
+        >>> s1 = HeterogeneousBatchSampler(10, StaticSchedule([2, 3], 1), shuffle=False)
+        >>> list(s0), list(s1)
+        ([[0, 1], [5, 6]], [[2, 3, 4], [7, 8, 9]])
+
+    Use it as ``DataLoader(dataset, batch_sampler=sampler)``; call
+    ``sampler.set_epoch(epoch)`` before each epoch.
+    """
+
+    def __init__(self, num_samples: int, schedule, *, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = True):
+        for name in ("rank", "num_ranks", "global_batch_size", "current_step", "issue"):
+            if not hasattr(schedule, name):
+                raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
+                                  % (name, type(schedule).__name__))
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ConfigError("num_samples must be a positive int (len(dataset)), got %r"
+                              % (num_samples,))
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError("seed must be an int (the same on every rank), got %r" % (seed,))
+        if num_samples < schedule.global_batch_size:
+            raise ConfigError("the dataset has %d samples, fewer than global_batch_size %d: not "
+                              "even one step fits; lower global_batch_size"
+                              % (num_samples, schedule.global_batch_size))
+        self.num_samples = num_samples
+        self.schedule = schedule
+        self.seed = seed
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        self._resume_step = 0      # step of the epoch to start from (after a resume)
+        self._epoch_base: Optional[int] = None  # global step of the epoch's step 0
+
+    # -------------------------------------------------------------- geometry
+    @property
+    def global_batch_size(self) -> int:
+        return self.schedule.global_batch_size
+
+    def _partial(self) -> int:
+        """Size of the last partial step, 0 when there is none (or it is dropped)."""
+        rest = self.num_samples % self.global_batch_size
+        if self.drop_last or rest < self.schedule.num_ranks:
+            return 0
+        return rest
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch_size + (1 if self._partial() else 0)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch - self._resume_step
+
+    # --------------------------------------------------------------- epochs
+    def set_epoch(self, epoch: int):
+        """Choose the epoch's permutation. Keeps a resume position only for its own epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError("epoch must be an int >= 0, got %r" % (epoch,))
+        if epoch != self.epoch:
+            self._resume_step = 0
+        self.epoch = epoch
+        self._epoch_base = None
+
+    def order(self) -> torch.Tensor:
+        """The epoch's global order of sample indices (identical on every rank)."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=g)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = self.order()
+        B = self.global_batch_size
+        rank = self.schedule.rank
+        full_steps = self.num_samples // B
+        start = self._resume_step
+        base = self.schedule.current_step - start
+        self._epoch_base = base
+        for j in range(start, self.steps_per_epoch):
+            total = B if j < full_steps else self._partial()
+            sizes = self.schedule.issue(base + j, total)
+            offset = j * B + sum(sizes[:rank])
+            yield order[offset:offset + sizes[rank]].tolist()
+        self._resume_step = 0
+
+    # ---------------------------------------------------------- checkpoints
+    def position(self) -> int:
+        """Steps of the current epoch already consumed by the training loop."""
+        if self._epoch_base is None:
+            return self._resume_step
+        return min(self.schedule.current_step - self._epoch_base, self.steps_per_epoch)
+
+    def state_dict(self) -> Dict:
+        """Epoch and position, to resume mid-epoch (also on a different rank count)."""
+        return {"epoch": self.epoch, "step_in_epoch": self.position(), "seed": self.seed,
+                "num_samples": self.num_samples, "global_batch_size": self.global_batch_size}
+
+    def load_state_dict(self, state: Dict):
+        """Resume: the next iteration of ``state['epoch']`` continues where it stopped.
+
+        Raises:
+            ConfigError: the checkpoint was made with another dataset length, seed or
+                global batch size, so positions would not mean the same samples.
+        """
+        for key in ("num_samples", "seed", "global_batch_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ConfigError("sampler checkpoint has %s=%r but this run has %r; resume with "
+                                  "the same dataset, seed and global batch size"
+                                  % (key, state[key], getattr(self, key)))
+        step = int(state["step_in_epoch"])
+        if not 0 <= step <= self.steps_per_epoch:
+            raise ConfigError("sampler checkpoint position %d is outside the epoch (0..%d)"
+                              % (step, self.steps_per_epoch))
+        self.epoch = int(state["epoch"])
+        self._resume_step = step
+        self._epoch_base = None

@@ -1,0 +1,114 @@
+"""The scaled-gradient hook: Horovod's allreduce yields the global-batch gradient.
+
+Rank i computes ``g_i``, the gradient of the mean loss over its ``b_i`` samples.
+The gradient of the mean loss over all ``B = sum(b)`` samples of the step is
+``sum_i (b_i / B) g_i``. Horovod allows no per-rank prescale factor, so each rank
+multiplies its own gradient before the allreduce:
+
+* ``op=hvd.Average`` (divides by n): weight ``n * b_i / B``
+* ``op=hvd.Sum``: weight ``b_i / B``
+
+The multiplication is a tensor hook on every parameter. On a leaf tensor such a
+hook runs before the gradient is accumulated into ``.grad``, hence before Horovod's
+own hook (registered on the gradient accumulator) launches the allreduce. It
+therefore composes with ``backward_passes_per_step > 1`` (each micro-step is
+weighted before accumulation) and with parameters that get no gradient (no hook
+fires; Horovod allreduces zeros for them).
+"""
+from typing import List
+
+from .errors import ConfigError
+
+__all__ = ["GradientWeight", "allreduce_weight", "register_gradient_weight"]
+
+
+def allreduce_weight(batch_size: int, batch_sizes, average: bool) -> float:
+    """The factor rank ``i`` applies to its gradient before the allreduce.
+
+    Args:
+        batch_size: this rank's samples in the step, ``b_i``.
+        batch_sizes: every rank's samples in the step (their sum is the step's B).
+        average: True for ``op=hvd.Average``, False for ``op=hvd.Sum``.
+
+    >>> allreduce_weight(8, [8, 8, 16, 32], average=True)
+    0.5
+    >>> allreduce_weight(8, [8, 8, 16, 32], average=False)
+    0.125
+    """
+    total = sum(int(b) for b in batch_sizes)
+    if total <= 0 or batch_size < 0:
+        raise ConfigError("batch sizes must be >= 0 with a positive sum, got %r" % (list(batch_sizes),))
+    scale = len(batch_sizes) if average else 1
+    return scale * batch_size / total
+
+
+class GradientWeight:
+    """The current weight, read by the hooks; a small explicit state object.
+
+    ``value`` is set by the callback at the start of each step.
+    """
+
+    def __init__(self, value: float = 1.0):
+        self.value = float(value)
+
+    def __call__(self, grad):
+        if self.value == 1.0:
+            return None  # leave the gradient untouched
+        return grad * self.value
+
+
+class _Handles:
+    def __init__(self, handles: List):
+        self._handles = handles
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __len__(self):
+        return len(self._handles)
+
+
+def _optimizer_op(optimizer):
+    """True for Average, False for Sum; ConfigError for anything else."""
+    import horovod.torch as hvd
+
+    op = getattr(optimizer, "op", None)
+    if op is None or not hasattr(optimizer, "synchronize"):
+        raise ConfigError(
+            "optimizer must be a Horovod optimizer, got %s; wrap it: "
+            "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())"
+            % type(optimizer).__name__)
+    if op == hvd.Average:
+        return True
+    if op == hvd.Sum:
+        return False
+    raise ConfigError("omnihvd supports op=hvd.Average and op=hvd.Sum, got op=%r (Adasum "
+                      "combines gradients non-linearly, so batch-size weights cannot apply)" % (op,))
+
+
+def register_gradient_weight(parameters, weight: GradientWeight):
+    """Register ``weight`` on every parameter that requires grad; returns a handle.
+
+    Args:
+        parameters: iterable of tensors (e.g. ``model.parameters()``).
+        weight: the shared :class:`GradientWeight` state.
+
+    Returns:
+        an object whose ``remove()`` takes all the hooks off again.
+
+    >>> import torch
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> w = GradientWeight(0.5)
+    >>> h = register_gradient_weight([p], w)
+    >>> (p * 4).sum().backward(); p.grad.tolist()
+    [2.0, 2.0]
+    >>> h.remove(); p.grad = None; (p * 4).sum().backward(); p.grad.tolist()
+    [4.0, 4.0]
+    """
+    handles = []
+    for p in parameters:
+        if getattr(p, "requires_grad", False):
+            handles.append(p.register_hook(weight))
+    return _Handles(handles)

@@ -1,0 +1,60 @@
+"""Balance check under mpirun: ranks made slower by known factors converge to the
+proportional split, and the step time approaches the ideal.
+
+Rank i's local work per step is a sleep of FIXED + b_i * PER_SAMPLE / speed_i (plus a
+tiny real forward/backward), so the true throughputs are known exactly.
+
+Usage: core_balance.py SPEEDS POLICY STEPS [FIXED_MS]
+Prints one line "BALANCE {json}" on rank 0.
+"""
+import json
+import sys
+import time
+
+import torch
+import horovod.torch as hvd
+
+import omnihvd
+
+speeds = [float(s) for s in sys.argv[1].split(",")]
+policy, steps = sys.argv[2], int(sys.argv[3])
+fixed = float(sys.argv[4]) / 1000 if len(sys.argv) > 4 else 0.0
+PER_SAMPLE = 0.002  # seconds per sample at speed 1
+B = 70
+torch.set_num_threads(1)
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+speed = speeds[rank % len(speeds)]
+
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+adjust = steps + 1 if policy == "none" else 10
+cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adjust,
+                               policy="proportional" if policy == "none" else policy)
+cb.on_train_begin()
+ends = []
+for step in range(steps):
+    cb.on_batch_begin()
+    b = cb.batch_size
+    opt.zero_grad()
+    model(torch.randn(b, 4)).pow(2).mean().backward()
+    time.sleep(fixed + b * PER_SAMPLE / speed)
+    opt.step()
+    cb.on_batch_end()
+    ends.append(time.perf_counter())
+cb.on_train_end()
+
+if rank == 0:
+    x = [s / PER_SAMPLE for s in speeds[:size]]
+    ideal = fixed + B / sum(x)
+    tail = ends[-30:]
+    measured = (tail[-1] - tail[0]) / (len(tail) - 1)
+    target = omnihvd.controller.apportion(x, B)
+    changes = [h["step"] for h in cb.history if h["changed"]]
+    print("BALANCE " + json.dumps({
+        "speeds": speeds[:size], "policy": policy, "final_sizes": cb.batch_sizes,
+        "proportional_sizes": target, "measured_step_s": measured, "ideal_step_s": ideal,
+        "efficiency": ideal / measured, "adjustments": len(changes), "change_steps": changes,
+        "overhead_per_step_s": cb.overhead_per_step,
+        "decision_s": max((h["decision_s"] for h in cb.history), default=0.0)}))
