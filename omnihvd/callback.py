@@ -174,6 +174,7 @@ class OmniLearnCallback:
         self._hooks = []
         self._started = False
         self._drop_sample = False
+        self._warned_sync = False
         self.step = 0
         self.epoch = 0
         self.history: List[Dict] = []
@@ -289,11 +290,27 @@ class OmniLearnCallback:
         self._timer.start()
         self.overhead_seconds += time.perf_counter() - t0
 
+    def mark_compute_end(self):
+        """Mark where this rank starts waiting for the others, when that is not ``step()``.
+
+        Call it just before an explicit ``opt.synchronize()`` (e.g. for gradient
+        clipping with ``opt.skip_synchronize()``); otherwise omnihvd times up to the
+        entry of ``opt.step()`` by itself.
+        """
+        self._timer.mark_wait()
+
     def _on_step_entry(self, optimizer, args, kwargs):
         # Horovod's step() enters this hook before synchronize() (and once more from
-        # the wrapped optimizer's step after it); the timer keeps the first.
-        if getattr(optimizer, "_synchronized", False):
-            self._drop_sample = True  # synchronize() already ran: the time includes waiting
+        # the wrapped optimizer's step after it); the timer keeps the first mark.
+        if getattr(optimizer, "_synchronized", False) and not self._timer.marked:
+            # synchronize() already ran and nobody marked the compute end: the time
+            # includes waiting for other ranks, so it must not be used.
+            self._drop_sample = True
+            if not self._warned_sync:
+                self._warned_sync = True
+                log.warning("omnihvd: rank %d: opt.synchronize() ran before opt.step(), so step "
+                            "times include waiting and are dropped; call cb.mark_compute_end() "
+                            "just before opt.synchronize() to let omnihvd balance", self.rank)
         self._timer.mark_wait()
 
     def on_batch_end(self, batch=None, logs=None):

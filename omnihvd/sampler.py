@@ -86,8 +86,9 @@ class HeterogeneousBatchSampler(Sampler):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ConfigError("num_samples must be a positive int (len(dataset)), got %r"
                               % (num_samples,))
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError("seed must be an int (the same on every rank), got %r" % (seed,))
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 62:
+            raise ConfigError("seed must be an int in [0, 2**62) (the same on every rank), got %r"
+                              % (seed,))
         if num_samples < schedule.global_batch_size:
             raise ConfigError("the dataset has %d samples, fewer than global_batch_size %d: not "
                               "even one step fits; lower global_batch_size"
@@ -177,10 +178,13 @@ class HeterogeneousBatchSampler(Sampler):
                 raise ConfigError("sampler checkpoint has %s=%r but this run has %r; resume with "
                                   "the same dataset, seed and global batch size"
                                   % (key, state[key], getattr(self, key)))
-        step = int(state["step_in_epoch"])
+        try:
+            step, epoch = int(state["step_in_epoch"]), int(state["epoch"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("not a HeterogeneousBatchSampler state_dict (%r)" % (exc,)) from exc
         if not 0 <= step <= self.steps_per_epoch:
             raise ConfigError("sampler checkpoint position %d is outside the epoch (0..%d)"
                               % (step, self.steps_per_epoch))
-        self.epoch = int(state["epoch"])
+        self.epoch = epoch
         self._resume_step = step
         self._epoch_base = None

@@ -143,6 +143,11 @@ class StepTimer:
     def running(self) -> bool:
         return self._begin is not None
 
+    @property
+    def marked(self) -> bool:
+        """Whether the current step's wait point was already marked."""
+        return self._wait is not None
+
     def stop(self) -> Optional[float]:
         if self._begin is None:
             return None

@@ -36,8 +36,9 @@ def allreduce_weight(batch_size: int, batch_sizes, average: bool) -> float:
     0.125
     """
     total = sum(int(b) for b in batch_sizes)
-    if total <= 0 or batch_size < 0:
-        raise ConfigError("batch sizes must be >= 0 with a positive sum, got %r" % (list(batch_sizes),))
+    if total <= 0 or not 0 <= batch_size <= total:
+        raise ConfigError("need 0 <= batch_size <= sum(batch_sizes) > 0; got batch_size %r of %r"
+                          % (batch_size, list(batch_sizes)))
     scale = len(batch_sizes) if average else 1
     return scale * batch_size / total
 
