@@ -1,6 +1,7 @@
 """The synchronous core under a real mpirun: exactness, sampler coverage, balance."""
 import json
 import os
+import re
 
 import pytest
 
@@ -38,3 +39,16 @@ def test_sizes_converge_to_the_proportional_split(policy):
     assert sum(r["final_sizes"]) == 70
     # converged within a few adjustments: the first change is at the first decision
     assert r["change_steps"] and r["change_steps"][0] <= 11, r
+
+
+@pytest.mark.parametrize("scenario,needle", [
+    ("bad-option-one-rank", "adjust_every"),
+    ("batch-mismatch", "global_batch_size"),
+    ("model-mismatch", "model"),
+])
+def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle):
+    # One rank's mistake must surface as a ValueError on all ranks, never as a hang.
+    out = mpirun(3, os.path.join(HERE, "core_config.py"), scenario, timeout=120).stdout
+    errors = re.findall(r"RANK (\d) ERROR (\w+): (.*?)(?=RANK \d|\n|$)", out)
+    assert sorted(r for r, _, _ in errors) == ["0", "1", "2"], out[-3000:]
+    assert all(needle in msg for _, _, msg in errors), errors
