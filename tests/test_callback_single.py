@@ -1,0 +1,393 @@
+"""Fast single-process tests of OmniLearnCallback in a Horovod world of one rank.
+
+``hvd.init()`` in plain pytest (no mpirun) gives size 1; that is enough to check the
+option validation, the training-loop protocol, timing with an explicit
+``synchronize()``, checkpoints and hook removal. Multi-rank behaviour (weights other
+than 1, size changes, errors on one rank) is the mpirun tier's job.
+"""
+import copy
+import logging
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import horovod.torch as hvd
+import omnihvd
+from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
+
+N, B = 64, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    hvd.init()
+    assert hvd.size() == 1, "the fast tier runs without mpirun"
+
+
+@pytest.fixture
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 4, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]], dtype=torch.float64) + 0.1
+    return TensorDataset(x, y)
+
+
+def build(op=None, **options):
+    """A fresh model, its Horovod optimizer and a callback with ``options``."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    kwargs = {} if op is None else {"op": op}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    options.setdefault("global_batch_size", B)
+    cb = omnihvd.OmniLearnCallback(model, opt, **options)
+    return model, opt, cb
+
+
+def train(model, opt, cb, sampler, dataset, epochs, *, explicit_sync=False, mark=False,
+          max_steps=None, first_epoch=0):
+    """The README's loop; returns every batch's sample indices in order."""
+    seen = []
+    indexed = TensorDataset(torch.arange(len(dataset)), *dataset.tensors)
+    loader = DataLoader(indexed, batch_sampler=sampler)
+    cb.on_train_begin()
+    for epoch in range(first_epoch, first_epoch + epochs):
+        sampler.set_epoch(epoch)
+        cb.on_epoch_begin(epoch)
+        for idx, x, y in loader:
+            cb.on_batch_begin()
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if explicit_sync:  # Horovod's gradient-clipping pattern
+                if mark:
+                    cb.mark_compute_end()
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            cb.on_batch_end()
+            seen.append(idx.tolist())
+            if max_steps is not None and len(seen) == max_steps:
+                return seen
+        cb.on_epoch_end(epoch)
+    return seen
+
+
+# ---------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize("value", [0, -8, 8.0, True, "8", None])
+def test_bad_global_batch_size(value):
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        build(global_batch_size=value)
+
+
+@pytest.mark.parametrize("sizes,needle", [
+    ([4, 4], "one per rank"),        # wrong length: 2 entries, 1 rank
+    ([], "one per rank"),
+    ([7], "sum to 7"),               # wrong sum
+    ([9], "sum to 9"),
+    (8, "list of 1 ints"),           # not a list
+    ([8.5], "list of 1 ints"),       # not whole
+    (["8"], "list of 1 ints"),
+])
+def test_bad_initial_batch_sizes(sizes, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build(initial_batch_sizes=sizes)
+
+
+def test_bounds_that_exclude_every_split_are_infeasible():
+    # With one rank the only split is [B]; bounds excluding it fail before the
+    # initial sizes are checked (out-of-bounds initial sizes on several ranks are
+    # covered under mpirun).
+    with pytest.raises(InfeasibleError, match="max_batch_size"):
+        build(max_batch_size=4)
+    with pytest.raises(OmniHvdError, match="min_batch_size"):
+        build(min_batch_size=9)
+    with pytest.raises(InfeasibleError):
+        build(initial_batch_sizes=[8], max_batch_size=[7])
+
+
+@pytest.mark.parametrize("options,needle", [
+    ({"policy": "pid"}, "policy"),
+    ({"policy": None}, "policy"),
+    ({"timing": "p90"}, "timing"),
+    ({"adjust_every": 0}, "adjust_every"),
+    ({"adjust_every": 2.0}, "adjust_every"),
+    ({"adjust_every": True}, "adjust_every"),
+    ({"settle_steps": -1}, "settle_steps"),
+    ({"deadband": -0.1}, "deadband"),
+    ({"gain": 0.0}, "gain"),
+    ({"min_batch_size": 0}, "min_batch_size"),
+    ({"max_batch_size": [8, 8]}, "max_batch_size"),
+])
+def test_bad_options(options, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build(**options)
+
+
+def test_plain_torch_optimizer_is_rejected():
+    model = torch.nn.Linear(2, 1)
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match="hvd.DistributedOptimizer"):
+        omnihvd.OmniLearnCallback(model, plain, global_batch_size=B)
+
+
+def test_adasum_is_rejected():
+    with pytest.raises(ConfigError, match="Adasum"):
+        build(op=hvd.Adasum)
+
+
+def test_model_must_be_a_module():
+    _, opt, _ = build()
+    with pytest.raises(ConfigError, match="model"):
+        omnihvd.OmniLearnCallback(object(), opt, global_batch_size=B)
+
+
+def test_errors_are_value_errors():
+    assert issubclass(ConfigError, ValueError) and issubclass(InfeasibleError, OmniHvdError)
+    with pytest.raises(ValueError):
+        build(policy="nope")
+
+
+# ------------------------------------------------------------- sizes, protocol
+
+
+def test_batch_size_and_batch_sizes():
+    _, _, cb = build()
+    assert cb.batch_size == B and cb.batch_sizes == [B]
+    assert (cb.rank, cb.num_ranks, cb.global_batch_size, cb.step) == (0, 1, B, 0)
+    _, _, cb = build(initial_batch_sizes=[B], min_batch_size=2, max_batch_size=[B])
+    assert cb.batch_sizes == [B]
+
+
+@pytest.mark.parametrize("nonblocking", [True, False])
+def test_training_loop_runs_and_history_records_decisions(data, nonblocking, caplog):
+    model, opt, cb = build(adjust_every=2, nonblocking=nonblocking)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=1)
+    with caplog.at_level(logging.INFO, logger="omnihvd"):
+        batches = train(model, opt, cb, sampler, data, epochs=2)
+    cb.on_train_end()
+    steps = 2 * N // B
+    assert cb.step == steps and len(batches) == steps
+    assert all(len(b) == B for b in batches)
+    for epoch in range(2):
+        chunk = batches[epoch * N // B:(epoch + 1) * N // B]
+        assert sorted(i for b in chunk for i in b) == list(range(N))
+    # adjustments are posted every 2 steps; a non-blocking one is decided a step later,
+    # and the last one is still in flight when the loop ends.
+    want = list(range(3, steps, 2)) if nonblocking else list(range(2, steps + 1, 2))
+    assert [h["step"] for h in cb.history] == want
+    for h in cb.history:
+        assert h["sizes"] == [B] and h["new_sizes"] == [B]
+        assert h["changed"] is False and h["effective_step"] is None
+        assert "skipped" not in h, h
+        assert len(h["times"]) == 1 and math.isfinite(h["times"][0]) and h["times"][0] > 0
+        assert h["samples"][0] >= 1
+        assert h["decision_s"] >= 0
+    assert cb.adjustments == 0
+    assert cb.batch_sizes == [B]
+    assert any("global batch %d" % B in r.getMessage() for r in caplog.records)
+
+
+def test_first_window_drops_its_settle_steps(data):
+    model, opt, cb = build(adjust_every=4, settle_steps=2, nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1)
+    assert len(cb.history) == 2
+    assert cb.history[0]["samples"] == [2]  # steps 1-2 of the first 4 settle
+    assert cb.history[1]["samples"][0] >= 2
+
+
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
+def test_single_rank_trains_exactly_like_plain_sgd(data, op):
+    # The gradient weight for one rank is n*b/B = b/B = 1 under both ops: parameters
+    # follow plain SGD on the same batches exactly.
+    model, opt, cb = build(op=op, adjust_every=3)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=2, drop_last=False)
+    batches = train(model, opt, cb, sampler, data, epochs=2)
+    cb.on_train_end()
+    x, y = data.tensors
+    for idx in batches:
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q), (p, q)
+
+
+def test_gradient_weight_is_one_inside_a_step(data):
+    model, opt, cb = build()
+    cb.on_train_begin()
+    x, y = data.tensors[0][:B], data.tensors[1][:B]
+    reference = copy.deepcopy(model)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    cb.on_batch_begin()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    opt.step()
+    cb.on_batch_end()
+    cb.on_train_end()
+
+
+# ------------------------------------------------------- explicit synchronize
+
+
+def test_mark_compute_end_keeps_samples_with_explicit_synchronize(data, caplog):
+    model, opt, cb = build(adjust_every=2, nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        train(model, opt, cb, sampler, data, epochs=1, explicit_sync=True, mark=True)
+    assert not [r for r in caplog.records if "mark_compute_end" in r.getMessage()]
+    assert len(cb.history) == 4
+    assert all("skipped" not in h and h["times"][0] > 0 for h in cb.history), cb.history
+    assert cb.history[0]["samples"] == [1]  # 2 steps, the first one settles
+    assert all(h["samples"][0] >= 1 for h in cb.history)
+
+
+def test_explicit_synchronize_without_mark_drops_samples_and_warns_once(data, caplog):
+    model, opt, cb = build(adjust_every=2, nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        train(model, opt, cb, sampler, data, epochs=1, explicit_sync=True, mark=False)
+    warnings = [r for r in caplog.records if "mark_compute_end" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert len(cb.history) == 4
+    for h in cb.history:
+        assert h["samples"] == [0] and math.isnan(h["times"][0])
+        assert "skipped" in h and h["changed"] is False and h["new_sizes"] == [B]
+    assert cb.step == N // B  # training itself went on normally
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_state_dict_round_trip(data):
+    model, opt, cb = build(adjust_every=2)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=3)
+    train(model, opt, cb, sampler, data, epochs=1, max_steps=5)
+    state = cb.state_dict()
+    assert state["step"] == 5 and state["num_ranks"] == 1 and state["batch_sizes"] == [B]
+    assert state["global_batch_size"] == B and state["controller"]["sizes"]
+    cb.on_train_end()
+
+    _, _, fresh = build(adjust_every=2)
+    fresh.load_state_dict(copy.deepcopy(state))
+    assert fresh.step == 5 and fresh.epoch == 0 and fresh.batch_sizes == [B]
+    assert fresh.state_dict() == state
+    assert fresh.controller.model() is not None  # the measured history came along
+
+
+def test_callback_and_sampler_resume_mid_epoch_with_the_remaining_samples(data):
+    model, opt, cb = build(adjust_every=2)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=4)
+    train(model, opt, cb, sampler, data, epochs=1)            # epoch 0
+    head = train(model, opt, cb, sampler, data, epochs=1, first_epoch=1, max_steps=3)
+    cb_state, sampler_state = cb.state_dict(), sampler.state_dict()
+    assert sampler_state["step_in_epoch"] == 3
+    cb.on_train_end()
+
+    model2, opt2, cb2 = build(adjust_every=2)
+    cb2.load_state_dict(cb_state)
+    sampler2 = omnihvd.HeterogeneousBatchSampler(N, cb2, seed=4)
+    sampler2.load_state_dict(sampler_state)
+    tail = train(model2, opt2, cb2, sampler2, data, epochs=1, first_epoch=1)
+    cb2.on_train_end()
+    assert len(tail) == N // B - 3 and cb2.step == 2 * N // B
+    got = [i for b in head + tail for i in b]
+    assert sorted(got) == list(range(N))
+
+
+def test_checkpoint_of_another_rank_count_is_re_split():
+    _, _, cb = build()
+    state = {"version": 1, "global_batch_size": B, "num_ranks": 3, "step": 40, "epoch": 2,
+             "batch_sizes": [1, 2, 5], "changes": [(45, [2, 2, 4])],
+             "controller": {"policy": "affine", "sizes": [[1, 2, 5]], "times": [[1.0, 1.0, 1.0]]}}
+    cb.load_state_dict(state)
+    assert cb.step == 40 and cb.epoch == 2
+    assert cb.batch_sizes == [B] and cb.batch_sizes_at(45) == [B]
+    assert cb.controller.model() is None  # another world's timings are dropped
+
+
+def test_checkpoint_with_an_invalid_split_is_re_apportioned():
+    _, _, cb = build()
+    cb.load_state_dict({"global_batch_size": B, "num_ranks": 1, "step": 3, "batch_sizes": [7]})
+    assert cb.step == 3 and cb.batch_sizes == [B]
+
+
+def test_checkpoint_with_another_global_batch_is_a_config_error():
+    _, _, cb = build()
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        cb.load_state_dict({"global_batch_size": 2 * B, "num_ranks": 1, "step": 0,
+                            "batch_sizes": [2 * B]})
+    assert cb.step == 0
+
+
+@pytest.mark.parametrize("state", [
+    {},
+    {"global_batch_size": B, "num_ranks": 1, "step": 0},
+    {"global_batch_size": B, "num_ranks": 1, "step": "x", "batch_sizes": [B]},
+    {"global_batch_size": B, "num_ranks": 1, "step": 0, "batch_sizes": None},
+])
+def test_malformed_checkpoint_is_a_config_error(state):
+    _, _, cb = build()
+    with pytest.raises(ConfigError, match="state_dict"):
+        cb.load_state_dict(state)
+
+
+def test_load_after_training_started_is_a_config_error():
+    _, _, cb = build()
+    state = cb.state_dict()
+    cb.on_train_begin()
+    with pytest.raises(ConfigError, match="before on_train_begin"):
+        cb.load_state_dict(state)
+    cb.on_train_end()
+
+
+# ---------------------------------------------------------------------- hooks
+
+
+def hook_counts(model, opt):
+    # torch keeps tensor hooks in ``_backward_hooks`` and optimizer pre-hooks in
+    # ``_optimizer_step_pre_hooks``; read them to see what is registered.
+    return ([len(p._backward_hooks or {}) for p in model.parameters()],
+            len(opt._optimizer_step_pre_hooks))
+
+
+def test_on_train_end_removes_every_hook(data):
+    model, opt, cb = build(adjust_every=2)
+    assert hook_counts(model, opt) == ([0, 0], 0)
+    cb.on_train_begin()
+    cb.on_train_begin()  # idempotent: no second set of hooks
+    assert hook_counts(model, opt) == ([1, 1], 1)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1, max_steps=3)  # leaves a gather in flight
+    cb.on_train_end()
+    assert hook_counts(model, opt) == ([0, 0], 0)
+    cb.on_train_end()  # harmless twice
+    # restarting registers them again, once
+    cb.on_batch_begin()
+    assert hook_counts(model, opt) == ([1, 1], 1)
+    cb.close()
+    assert hook_counts(model, opt) == ([0, 0], 0)
+
+
+def test_step_after_train_end_is_not_timed(data):
+    model, opt, cb = build(adjust_every=1, nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1, max_steps=2)
+    cb.on_train_end()
+    before = len(cb.history)
+    x, y = data.tensors
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x[:B]), y[:B]).backward()
+    opt.step()  # no hook left to call into the callback
+    assert len(cb.history) == before and cb.step == 2
