@@ -136,8 +136,10 @@ class OmniLearnCallback:
         if initial_batch_sizes is None:
             sizes = apportion([1.0] * self.num_ranks, B, lo, hi)
         else:
-            sizes = [int(b) for b in initial_batch_sizes] if isinstance(
-                initial_batch_sizes, (list, tuple)) else None
+            try:
+                sizes = [int(b) for b in initial_batch_sizes]
+            except (TypeError, ValueError):
+                sizes = None
             if sizes is None or len(sizes) != self.num_ranks or any(
                     b != v for b, v in zip(sizes, initial_batch_sizes)):
                 raise ConfigError("initial_batch_sizes must be a list of %d ints (one per rank), "
@@ -330,6 +332,7 @@ class OmniLearnCallback:
                        (self._window_sizes or self.batch_sizes)[self.rank],
                        max(self._max_lookahead, self._issued_upto - self.step),
                        _digest(self._window_sizes or self.batch_sizes)]
+            self._window.reset(settle=False)  # each adjustment sees only fresh steps
             if self.nonblocking:
                 self._pending = self._comm.iallgather(payload)
             else:

@@ -148,14 +148,14 @@ def resolve_bounds(n: int, global_batch_size: int, min_batch_size: IntOrList = 1
     if np.any(lo < 1):
         r = int(np.flatnonzero(lo < 1)[0])
         raise ConfigError("min_batch_size must be >= 1 on every rank; rank %d has %d" % (r, lo[r]))
-    if np.any(lo > hi):
-        r = int(np.flatnonzero(lo > hi)[0])
-        raise ConfigError("min_batch_size %d > max_batch_size %d on rank %d; lower the minimum "
-                          "or raise the maximum" % (lo[r], hi[r], r))
     if int(lo.sum()) > B:
         raise InfeasibleError(
             "infeasible: %d ranks x min_batch_size (sum %d) exceed global_batch_size %d; lower "
             "min_batch_size or raise global_batch_size" % (n, int(lo.sum()), B))
+    if np.any(lo > hi):
+        r = int(np.flatnonzero(lo > hi)[0])
+        raise ConfigError("min_batch_size %d > max_batch_size %d on rank %d; lower the minimum "
+                          "or raise the maximum" % (lo[r], hi[r], r))
     hi = np.minimum(hi, B)
     if int(hi.sum()) < B:
         raise InfeasibleError(
