@@ -14,6 +14,7 @@ __all__ = ["main", "COMMANDS"]
 COMMANDS = {
     "doctor": ("omnihvd.doctor", "check the installation: horovod, MPI, torch, mpi4py"),
     "simulate": ("omnihvd.simulate", "rehearse a cluster of n ranks with the real controller"),
+    "plot": ("omnihvd.telemetry", "render PNG plots (batch sizes, step time vs ideal) from run logs"),
 }
 
 
