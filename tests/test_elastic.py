@@ -249,3 +249,31 @@ def test_elastic_shrink_and_grow_keeps_global_batch_semantics():
     # the model equals a one-process replay of the same global batches.
     assert result["max_param_diff"] < 1e-5, result
     assert math.isfinite(result["max_param_diff"])
+
+
+@pytest.mark.mpi
+def test_elastic_worker_killed_job_continues_on_the_rest_with_resplit_batch():
+    # Horovod blacklists the host of a failed worker, so the worker to kill gets a host
+    # name of its own: 127.0.0.1 and localhost are two "hosts" of this one machine.
+    B = 48
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = os.path.join(tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("localhost:2\n127.0.0.1:1\n")
+        rc, out = horovodrun(["-np", "3", "--min-np", "2", "--max-np", "3",
+                              "--network-interface", "lo", "--elastic-timeout", "120",
+                              "--gloo-timeout-seconds", "10",
+                              "--host-discovery-script", "cat " + hosts,
+                              sys.executable, SCRIPT, hosts, "--global-batch", str(B),
+                              "--kill-at", "15", "--kill-host", "127.0.0.1",
+                              "--min-steps", "60"], timeout=400)
+    assert rc == 0, out[-5000:]
+    assert "on 127.0.0.1: killing itself at step 15" in out, out[-5000:]
+    lines = [l for l in out.splitlines() if "RESULT " in l]
+    assert lines, out[-5000:]
+    result = json.loads(lines[-1].split("RESULT ", 1)[1])
+    assert [h["size"] for h in result["history"]] == [3, 2], result
+    assert [len(sizes) for _, sizes in result["log"]] == [3, 2], result
+    assert all(sum(sizes) == B for _, sizes in result["log"]), result
+    assert result["log"][1][0] <= 15, result      # rolled back to the last commit
+    assert result["max_param_diff"] < 1e-5, result

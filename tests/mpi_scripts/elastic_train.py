@@ -7,7 +7,9 @@ Run by tests/test_elastic.py under::
 
 Rank 0 drives the membership: at step ``--shrink-at`` it writes ``localhost:2`` to
 HOSTS_FILE (Horovod then removes worker localhost[2]); ``--grow-after`` steps after
-the world has shrunk it writes ``localhost:3`` (Horovod starts a new worker). Every
+the world has shrunk it writes ``localhost:3`` (Horovod starts a new worker). With
+``--kill-at S`` the worker on host ``--kill-host`` instead dies by SIGKILL at step S
+(Horovod then blacklists that host, so give it a host name of its own). Every
 step each worker takes its slice of the step's B samples of one global order, as
 split by omnihvd.elastic.ElasticBatchSplit, and weights its loss by n*b_i/B, so the
 averaged gradient is that of the whole global batch. At the end rank 0 replays the
@@ -17,6 +19,7 @@ difference: any sample lost, repeated or mis-weighted across the changes shows t
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -66,11 +69,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("hosts_file")
     p.add_argument("--global-batch", type=int, default=48)
-    p.add_argument("--shrink-at", type=int, default=30)
+    p.add_argument("--shrink-at", type=int, default=None)
     p.add_argument("--grow-after", type=int, default=30)
     p.add_argument("--min-steps", type=int, default=150)
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--kill-at", type=int, default=None,
+                   help="the worker on host --kill-host kills itself (SIGKILL) at this step")
+    p.add_argument("--kill-host", default="127.0.0.1")
     args = p.parse_args()
     B = args.global_batch
 
@@ -103,15 +109,19 @@ def main():
             loss.backward()
             time.sleep(COST.get(slot, 0.001) * b)
             split.observe(b, time.perf_counter() - t0)
+            if state.step == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == args.kill_host:
+                print("rank %d on %s: killing itself at step %d"
+                      % (hvd.rank(), args.kill_host, state.step), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
             state.step += 1
-            if hvd.rank() == 0:
+            if hvd.rank() == 0 and args.shrink_at is not None:
                 drive_membership(state, plan, args)
             # Every worker must agree on when to stop: rank 0 decides.
+            finished = state.step >= args.min_steps and (
+                args.shrink_at is None or (plan["grown"] and hvd.size() == 3))
             state.done = hvd.broadcast_object(
-                hvd.rank() == 0 and ((plan["grown"] and hvd.size() == 3 and
-                                      state.step >= args.min_steps)
-                                     or state.step >= args.max_steps),
+                hvd.rank() == 0 and (finished or state.step >= args.max_steps),
                 root_rank=0, name="done")
             state.commit()
 
