@@ -1,0 +1,102 @@
+"""A complete Horovod training script with omnihvd: Fashion-MNIST, a small CNN.
+
+The omnihvd lines are marked "# omnihvd". Run it like any Horovod job:
+
+    horovodrun -np 4 .venv/bin/python examples/train_fashion_mnist.py --epochs 1
+    mpirun -np 4 .venv/bin/python examples/train_fashion_mnist.py --slowdown 1,1,2,4
+
+--slowdown makes rank i's local work per step that many times slower (it sleeps
+after backward, before opt.step()), to watch omnihvd rebalance on one machine.
+--checkpoint PATH saves the model, optimizer, callback and sampler state after
+every epoch and resumes from it when it exists.
+"""
+import argparse
+import logging
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import horovod.torch as hvd
+
+import omnihvd
+from omnihvd.data import fashion_mnist
+from omnihvd.models import SmallCNN
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument("--slowdown", default=None, help="per-rank factors, e.g. 1,1,2,4")
+    p.add_argument("--checkpoint", default=None)
+    args = p.parse_args()
+
+    hvd.init()
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO if hvd.rank() == 0 else logging.WARNING,
+                        format="%(message)s")
+    torch.manual_seed(0)
+    train = fashion_mnist("train", limit=args.limit)
+    test = fashion_mnist("test", limit=2000)
+    model = SmallCNN()
+    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size)  # omnihvd
+    sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd
+    loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
+
+    start_epoch = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        base.load_state_dict(state["optimizer"])
+        cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
+        sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
+        start_epoch = state["sampler"]["epoch"]
+
+    factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
+    slowdown = factors[hvd.rank() % len(factors)] if factors else 1.0
+
+    cb.on_train_begin()                                                                  # omnihvd
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        cb.on_epoch_begin(epoch)                                                         # omnihvd
+        model.train()
+        t0 = time.perf_counter()
+        for x, y in loader:
+            cb.on_batch_begin()                                                          # omnihvd
+            begin = time.perf_counter()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            if slowdown > 1:
+                time.sleep((slowdown - 1) * (time.perf_counter() - begin))
+            opt.step()
+            cb.on_batch_end()                                                            # omnihvd
+        cb.on_epoch_end(epoch)                                                           # omnihvd
+        acc = evaluate(model, test)
+        if hvd.rank() == 0:
+            print("epoch %d: %.1f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
+                  % (epoch, time.perf_counter() - t0, acc, cb.batch_sizes,
+                     1000 * cb.overhead_per_step), flush=True)
+        if args.checkpoint and hvd.rank() == 0:
+            torch.save({"model": model.state_dict(), "optimizer": base.state_dict(),
+                        "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
+                       args.checkpoint)
+    cb.on_train_end()
+
+
+def evaluate(model, dataset):
+    model.eval()
+    with torch.no_grad():
+        x, y = dataset.tensors
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+if __name__ == "__main__":
+    main()
