@@ -101,7 +101,8 @@ class ElasticBatchSplit:
         window: how many recent steps the local throughput is the median of (kept
             across resets: the worker is the same process, and older steps age out).
         target: optional object told about every new split, with
-            ``reset_world(rank, size, batch_sizes)`` (e.g. the OmniLearnCallback); if
+            ``reset_world(rank, size, batch_sizes, step=None)`` (e.g. the
+            OmniLearnCallback); if
             it has ``local_throughput()`` (samples/s or None), that replaces
             :meth:`observe`.
         allgather_object, world: Horovod's ``allgather_object(obj, name=)`` and a
@@ -143,8 +144,8 @@ class ElasticBatchSplit:
                               "per-rank lists do not fit an elastic job, whose ranks change; "
                               "got %r" % (min_batch_size, max_batch_size))
         if target is not None and not callable(getattr(target, "reset_world", None)):
-            raise ConfigError("target must have a reset_world(rank, size, batch_sizes) method, "
-                              "got %s" % type(target).__name__)
+            raise ConfigError("target must have a reset_world(rank, size, batch_sizes, step) "
+                              "method, got %s" % type(target).__name__)
         self.global_batch_size = global_batch_size
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size
@@ -208,7 +209,7 @@ class ElasticBatchSplit:
         return float(np.median([b / t for b, t in self._samples]))
 
     # --------------------------------------------------------------- agreeing
-    def begin(self) -> List[int]:
+    def begin(self, step=None) -> List[int]:
         """Agree on the split for the current world; call on every worker on each entry.
 
         Collective (one ``allgather_object``): call it first thing inside the
@@ -216,6 +217,11 @@ class ElasticBatchSplit:
         starts. The split is recomputed only when the world changed (reset, first
         call); otherwise the call still gathers, so that all workers always run the
         same collectives.
+
+        Args:
+            step: the global step training resumes from (``state.step`` after Horovod's
+                sync; after a failure it is the last committed step), passed on to
+                ``target.reset_world``; None when the target needs none.
 
         Returns:
             list of int: every worker's batch size (the same on all), summing to B.
@@ -255,7 +261,7 @@ class ElasticBatchSplit:
         self.rank, self.size, self.batch_sizes = rank, size, sizes
         self._stale = False
         if self.target is not None:
-            self.target.reset_world(rank, size, list(sizes))
+            self.target.reset_world(rank, size, list(sizes), step=step)
         return list(sizes)
 
     def _current_world(self):

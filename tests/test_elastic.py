@@ -76,7 +76,7 @@ class World:
         return gather
 
 
-def begin_all(splits, world):
+def begin_all(splits, world, step=None):
     """Run begin() on every worker at once; return {rank: sizes or exception}."""
     results = {}
 
@@ -84,7 +84,7 @@ def begin_all(splits, world):
         split._allgather_object = world.gather_for(rank)
         split._world = lambda: (rank, world.n)
         try:
-            results[rank] = split.begin()
+            results[rank] = split.begin(step)
         except Exception as exc:  # checked by the caller
             results[rank] = exc
 
@@ -148,15 +148,15 @@ class Target:
     def local_throughput(self):
         return self.throughput
 
-    def reset_world(self, rank, size, batch_sizes):
-        self.calls.append((rank, size, batch_sizes))
+    def reset_world(self, rank, size, batch_sizes, step=None):
+        self.calls.append((rank, size, batch_sizes, step))
 
 
 def test_target_is_told_new_world_and_supplies_throughput():
     targets = [Target(200.0), Target(None), Target(float("nan"))]
     splits = [ElasticBatchSplit(12, target=t) for t in targets]
-    begin_all(splits, World(3))
-    assert [t.calls for t in targets] == [[(r, 3, [4, 4, 4])] for r in range(3)]
+    begin_all(splits, World(3), step=7)
+    assert [t.calls for t in targets] == [[(r, 3, [4, 4, 4], 7)] for r in range(3)]
     assert splits[0].local_throughput() == 200.0 and splits[2].local_throughput() is None
 
 

@@ -95,7 +95,7 @@ def main():
 
     @hvd.elastic.run
     def train(state):
-        sizes = split.begin()
+        sizes = split.begin(state.step)
         print("worker %s: rank %d of %d from step %d, sizes %s"
               % (slot, hvd.rank(), hvd.size(), state.step, sizes), flush=True)
         if not state.log or list(state.log[-1][1]) != sizes:
