@@ -30,7 +30,7 @@ __all__ = ["OmniLearnCallback"]
 log = logging.getLogger("omnihvd")
 
 # Columns of the per-adjustment allgather payload.
-_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST = range(5)
+_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST, _CAP = range(6)
 
 
 def _digest(sizes) -> float:
@@ -177,6 +177,8 @@ class OmniLearnCallback:
         self._started = False
         self._drop_sample = False
         self._warned_sync = False
+        self._cap = int(self.controller.hi[self.rank])
+        self.oom_events = 0
         self.step = 0
         self.epoch = 0
         self.history: List[Dict] = []
@@ -331,7 +333,7 @@ class OmniLearnCallback:
             payload = [self._window.summary(), len(self._window),
                        (self._window_sizes or self.batch_sizes)[self.rank],
                        max(self._max_lookahead, self._issued_upto - self.step),
-                       _digest(self._window_sizes or self.batch_sizes)]
+                       _digest(self._window_sizes or self.batch_sizes), self._cap]
             self._window.reset(settle=False)  # each adjustment sees only fresh steps
             if self.nonblocking:
                 self._pending = self._comm.iallgather(payload)
@@ -368,13 +370,23 @@ class OmniLearnCallback:
         record = {"step": self.step, "epoch": self.epoch, "sizes": sizes,
                   "times": [float(t) for t in times],
                   "samples": [int(c) for c in gathered[:, _COUNT]]}
+        caps = gathered[:, _CAP].astype(int)
+        capped = bool((caps < self.controller.hi).any())
+        if capped:  # a rank ran out of memory: every rank lowers its cap the same way
+            self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
+            record["caps"] = self.controller.hi.tolist()
         valid = all(t == t and t > 0 for t in record["times"]) and min(record["samples"]) > 0
-        if not valid:
+        if valid:
+            new = self.controller.decide(sizes, times)
+        elif capped:  # no usable timing, but the split must respect the new caps now
+            new = apportion(self._changes[-1][1], self.global_batch_size,
+                            self.controller.lo, self.controller.hi)
+        else:
+            new = None
             record.update(new_sizes=sizes, changed=False, effective_step=None,
                           skipped="no valid timing on rank(s) %s" % [
                               r for r, t in enumerate(record["times"]) if not (t == t and t > 0)])
-        else:
-            new = self.controller.decide(sizes, times)
+        if new is not None:
             changed = new != self._changes[-1][1]  # not already current or scheduled
             effective = self.step + max(int(gathered[:, _AHEAD].max()), -1) + 1
             if changed:
@@ -382,11 +394,47 @@ class OmniLearnCallback:
             record.update(new_sizes=new, changed=changed,
                           effective_step=effective if changed else None)
             if changed and self.rank == 0:
-                log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s)",
+                log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s)",
                          self.step, sizes, new, effective,
-                         ", ".join("%.4g" % t for t in times))
+                         ", ".join("%.4g" % t for t in times),
+                         "; memory caps %s" % self.controller.hi.tolist() if capped else "")
         record["decision_s"] = time.perf_counter() - t0
         self.history.append(record)
+
+    def report_oom(self, shrink: float = 0.8):
+        """Tell omnihvd this rank ran out of memory in the current step.
+
+        Call it from the rank that caught the error (e.g. ``torch.cuda.OutOfMemoryError``
+        in forward or backward), then still call ``opt.step()`` and
+        ``cb.on_batch_end()`` so that the other ranks' allreduce completes: Horovod
+        contributes zeros for the gradients this rank did not finish, so that one step
+        uses fewer samples. This rank's cap becomes ``shrink`` times its current size;
+        at the next adjustment every rank lowers its copy of the cap and re-splits the
+        global batch within the new caps (the dead band does not apply).
+
+        Raises:
+            InfeasibleError: the rank is already at ``min_batch_size`` (nothing left
+                to shed), on this rank; at the next adjustment on every rank if the
+                caps can no longer hold the global batch.
+        """
+        from .errors import InfeasibleError
+
+        if not 0 < shrink < 1:
+            raise ConfigError("shrink must be in (0, 1), got %r" % (shrink,))
+        size = (self._step_sizes or self.batch_sizes)[self.rank]
+        floor = int(self.controller.lo[self.rank])
+        if size <= floor:
+            raise InfeasibleError("rank %d ran out of memory at batch size %d, already its "
+                                  "min_batch_size; lower min_batch_size or the model's memory "
+                                  "use" % (self.rank, size))
+        cap = min(self._cap, max(floor, int(size * shrink)))
+        self._drop_sample = True
+        self.oom_events += 1
+        if cap == self._cap:
+            return  # the lowered cap is not in effect yet; said already
+        self._cap = cap
+        log.warning("omnihvd: rank %d out of memory at batch size %d; cap lowered to %d, "
+                    "applied at the next adjustment", self.rank, size, self._cap)
 
     @property
     def adjustments(self) -> int:
@@ -405,6 +453,7 @@ class OmniLearnCallback:
                 "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
                 "batch_sizes": self.batch_sizes,
                 "changes": [(s, v) for s, v in self._changes if s > self.step],
+                "max_batch_size": self.controller.hi.tolist(),
                 "controller": self.controller.state_dict()}
 
     def load_state_dict(self, state: Dict):
@@ -432,6 +481,11 @@ class OmniLearnCallback:
             if sum(sizes) != B or any(not lo <= b <= hi for b, lo, hi in zip(
                     sizes, self.controller.lo, self.controller.hi)):
                 sizes = apportion(sizes, B, self.controller.lo, self.controller.hi)
+            caps = state.get("max_batch_size")
+            if caps is not None:  # memory caps learned from out-of-memory errors
+                self.controller.set_bounds(self.controller.lo,
+                                           self.controller.hi.clip(max=[int(c) for c in caps]))
+                self._cap = int(self.controller.hi[self.rank])
             self._changes = [(step, sizes)] + [(int(s), list(v)) for s, v in state.get("changes", [])]
             self.controller.load_state_dict(state.get("controller", {}))
         else:

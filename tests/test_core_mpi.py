@@ -52,3 +52,14 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle
     errors = re.findall(r"RANK (\d) ERROR (\w+): (.*?)(?=RANK \d|\n|$)", out)
     assert sorted(r for r, _, _ in errors) == ["0", "1", "2"], out[-3000:]
     assert all(needle in msg for _, _, msg in errors), errors
+
+
+def test_out_of_memory_lowers_the_cap_and_resplits_on_every_rank():
+    # Rank 1 "fits" 12 samples; it raises an (injected) CUDA OOM above that, reports
+    # it, and the job goes on: sizes re-split within the cap, summing to B, no hang.
+    out = mpirun(3, os.path.join(HERE, "core_oom.py"), timeout=200).stdout
+    line = [l for l in out.splitlines() if l.startswith("OOM-OK ")]
+    assert line, out[-3000:]
+    r = json.loads(line[0][len("OOM-OK "):])
+    assert r["sizes"][1] <= 12 and sum(r["sizes"]) == 60 and r["caps"][1] <= 12
+    assert r["oom_events"][1] >= 1 and r["oom_events"][0] == r["oom_events"][2] == 0
