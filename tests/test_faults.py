@@ -215,7 +215,9 @@ def test_killed_rank_ends_job_and_is_named():
 @pytest.mark.mpi
 def test_stuck_rank_ends_job_with_horovod_stall_shutdown():
     # The setting README "Reliability" recommends for a rank that is alive but stuck.
-    env = dict(HOROVOD_STALL_CHECK_TIME_SECONDS="2", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="4")
+    # Not much shorter: on a loaded machine ranks can drift apart by seconds at
+    # start-up, and a shutdown there would come before the injected hang.
+    env = dict(HOROVOD_STALL_CHECK_TIME_SECONDS="5", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="10")
     rc, out, _ = run_job("hang", 1, 5, "--abort-on-exception", env=env)
     assert rc != 0, out
     assert "1!: [allreduce." in out, out    # the stall report marks rank 1
