@@ -15,6 +15,7 @@ A change therefore takes effect at the same step on every rank, also when a
 ``DataLoader`` with workers has already prefetched a few batches.
 """
 import logging
+import os
 import time
 import zlib
 from typing import Dict, List, Optional
@@ -66,6 +67,11 @@ class OmniLearnCallback:
         timing: ``"median"`` (default, robust) or ``"mean"`` per window.
         nonblocking: overlap the allgather with the next step (default True).
         comm: None (automatic), or the mpi4py communicator given to ``hvd.init``.
+        abort_on_exception: when a rank raises an uncaught exception, print it with
+            the rank and abort the whole MPI job instead of leaving the other ranks
+            waiting in a collective forever (see :mod:`omnihvd.faults`). Default:
+            True with several ranks, except under Horovod elastic, where a failed
+            worker must leave alone.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -93,7 +99,8 @@ class OmniLearnCallback:
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", nonblocking: bool = True, comm=None):
+                 timing: str = "median", nonblocking: bool = True, comm=None,
+                 abort_on_exception: Optional[bool] = None):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -109,6 +116,17 @@ class OmniLearnCallback:
         except Exception as exc:  # reported on every rank below, never on one alone
             error = exc
         self._agree_on_errors(error)
+        if abort_on_exception is None:
+            abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+        self._abort_enabled = bool(abort_on_exception)
+        self._abort_handle = None
+        self._install_abort()
+
+    def _install_abort(self):
+        if self._abort_enabled and self._abort_handle is None:
+            from .faults import install_abort_on_exception
+
+            self._abort_handle = install_abort_on_exception(self.rank)
 
     # ------------------------------------------------------------ set-up
     def _configure(self, model, optimizer, global_batch_size, initial_batch_sizes,
@@ -256,6 +274,7 @@ class OmniLearnCallback:
         if self._started:
             return
         t0 = time.perf_counter()
+        self._install_abort()
         views = self._comm.allgather_object(self._fingerprint())
         diffs = []
         for key in views[0]:
@@ -352,6 +371,9 @@ class OmniLearnCallback:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._abort_handle is not None:
+            self._abort_handle.remove()
+            self._abort_handle = None
         self._weight.value = 1.0
         self._started = False
 

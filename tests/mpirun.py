@@ -5,6 +5,7 @@ ranks than cores; those settings live here, in the harness, not in the library.
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,6 +28,37 @@ def mpi_env(extra=None):
     return env
 
 
+def kill_session(sid):
+    """SIGKILL every process of session ``sid`` (mpirun's ranks included: OpenMPI puts
+    them in process groups of their own, so killing mpirun's group is not enough)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # field 6 of stat: the session id
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def run_bounded(cmd, timeout, env):
+    """Run ``cmd`` in a new session; on timeout kill the whole session, then raise."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError("%s did not finish within %d s (a hang?); its output:\n%s"
+                             % (" ".join(map(str, cmd[:6])), timeout, (out or "")[-6000:]))
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
 def mpirun(np, script, *args, timeout=240, env=None, check=True):
     """Run ``script`` on ``np`` ranks; return the CompletedProcess (text output).
 
@@ -38,8 +70,7 @@ def mpirun(np, script, *args, timeout=240, env=None, check=True):
         raise RuntimeError("mpirun not found: run `bash tools/setup.sh` (installs OpenMPI)")
     cmd = [launcher, "-np", str(np), "--oversubscribe", "--bind-to", "none",
            sys.executable, script, *map(str, args)]
-    proc = subprocess.run(cmd, env=mpi_env(env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    proc = run_bounded(cmd, timeout, mpi_env(env))
     if check and proc.returncode != 0:
         raise AssertionError("mpirun -np %d %s failed (exit %d):\n%s"
                              % (np, os.path.basename(script), proc.returncode, proc.stdout[-6000:]))

@@ -19,7 +19,7 @@ import pytest
 from mpirun import ROOT, mpi_env
 from omnihvd.elastic import ElasticBatchSplit, split_for_world
 from omnihvd.errors import ConfigError, InfeasibleError, RankMismatchError
-from test_faults import kill_session
+from mpirun import kill_session
 
 SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "elastic_train.py")
 HOROVODRUN = [sys.executable, "-m", "horovod.runner.launch"]

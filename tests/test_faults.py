@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mpirun import ROOT, mpi_env
+from mpirun import ROOT, kill_session, mpi_env
 from omnihvd import faults
 from omnihvd.errors import ConfigError
 
@@ -167,21 +167,6 @@ def run_job(*args, np=3, env=None):
     out = "".join(lines)
     assert failed_at, "the job ended before the failure was injected:\n" + out[-4000:]
     return proc.returncode, out, ended - failed_at[0]
-
-
-def kill_session(sid):
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/stat" % entry) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid:    # field 6 of stat: session id
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 @pytest.mark.mpi
