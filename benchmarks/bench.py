@@ -65,7 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--cpu-plan", default="",
                    help="also run a level with REAL CPU heterogeneity, e.g. '0,1,1,1' "
                         "(rank 0 alone on CPU 0, ranks 1-3 sharing CPU 1); no emulation")
-    p.add_argument("--tta", action="store_true",
+    p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=False,
                    help="time to accuracy: plain vs omnihvd at --tta-level for --tta-epochs")
     p.add_argument("--tta-level", default="HL4")
     p.add_argument("--tta-epochs", type=int, default=3)
@@ -109,23 +109,30 @@ class Bench:
                                                os.environ.get(emulate.ENV["step_cost"]) or 0)
         self.mode = args.emulate_mode or os.environ.get(emulate.ENV["mode"]) or "model"
 
-    def calibrate(self, max_speed, margin=1.5, floor=1e-3, steps=12):
+    def calibrate(self, max_speed, margin=1.5, floor=1e-3, ceiling=4e-3, steps=12):
         """Choose the model-mode sample cost so real compute fits inside every target.
 
         All ranks train ``steps`` steps at equal batches, at once (the most CPU
         contention a run sees); p is the slowest rank's median seconds per sample. The
         fastest emulated rank needs ``sample_cost / max_speed > p``, so
-        ``sample_cost = margin * p * max_speed``, rounded up to 0.25 ms, at least ``floor``.
+        ``sample_cost = margin * p * max_speed``, rounded up to 0.25 ms, within
+        [``floor``, ``ceiling``]: a machine so busy that it needs more would make the
+        run take too long, and its overruns are reported instead.
         """
         rec = self.train("plain", None, steps, "calibrate")
         cost = None
         if self.rank == 0:
             per_sample = float(np.max(np.median(rec["local"][2:], axis=0)) / (self.B / self.size))
-            cost = max(floor, math.ceil(margin * per_sample * max_speed / 2.5e-4) * 2.5e-4)
+            wanted = math.ceil(margin * per_sample * max_speed / 2.5e-4) * 2.5e-4
+            cost = min(max(floor, wanted), ceiling)
             print("calibration: %.3f ms of real compute per sample with all ranks busy -> "
                   "emulated sample cost %.2f ms at speed 1" % (per_sample * 1e3, cost * 1e3),
                   flush=True)
-        self.sample_cost = hvd.broadcast_object(cost, root_rank=0)
+            if wanted > ceiling:
+                print("warning: this machine is busy (%.2f ms per sample would be needed); "
+                      "expect overruns, i.e. speed ratios less exact than scheduled"
+                      % (wanted * 1e3), flush=True)
+        self.sample_cost = hvd.broadcast_object(cost, root_rank=0, name="sample_cost")
 
     # ---------------------------------------------------------------- pieces
 
@@ -164,7 +171,7 @@ class Bench:
 
     # ---------------------------------------------------------------- one run
 
-    def train(self, variant, schedule, steps, label, seed=None, eval_every=0, target=None):
+    def train(self, variant, schedule, steps, label, seed=None, eval_every=0):
         """Train from scratch for ``steps`` steps; returns rank 0's record (others: None)."""
         import omnihvd
 
@@ -223,16 +230,17 @@ class Bench:
                 train_time += h4 - last
                 clock.append(train_time)
                 step += 1
-                bar.update(step_s=float(np.median(step_s[-20:])))
+                last = h4
                 if eval_every and (step % eval_every == 0 or step == steps):
                     evals.append({"step": step, "t": train_time, "accuracy": self.evaluate(model)})
-                    if target is not None and evals[-1]["accuracy"] >= target and \
-                            not any(e["accuracy"] >= target for e in evals[:-1]):
-                        bar.update(0, acc="%.3f" % evals[-1]["accuracy"])
-                last = time.perf_counter()   # evaluation time is not training time
+                    last = time.perf_counter()   # evaluation time is not training time
+                bar.update(step_s=float(np.median(step_s[-20:])),
+                           **({"acc": "%.3f" % evals[-1]["accuracy"]} if evals else {}))
             if cb is not None and finished_epoch:
                 cb.on_epoch_end(epoch)
             epoch += 1
+        if cb is not None:
+            cb.on_train_end()   # removes the callback's hooks from this run's model
         bar.close()
         mine = {"sizes": sizes, "local": local, "hooks": hooks,
                 "emu": emu.stats() if emu is not None else None}
@@ -240,6 +248,7 @@ class Bench:
         if self.rank != 0:
             return None
         return {"variant": variant, "label": label, "step_s": step_s, "t": clock, "evals": evals,
+                "adjust_every": cb.adjust_every if cb is not None else None,
                 "sizes": np.array([g["sizes"] for g in gathered]).T,
                 "local": np.array([g["local"] for g in gathered]).T,
                 "hooks": np.array([g["hooks"] for g in gathered]).T,
@@ -328,6 +337,10 @@ def run_level(bench, tag, schedule, level_name, cpu_plan=None):
         row["speedup_fraction"] = (row["speedup"] / row["theoretical_speedup"]
                                    if row["speedup"] and row["theoretical_speedup"] else None)
         row["omnihvd_vs_reference"] = ref / om if ref and om else None
+        every = results["omnihvd"]["adjust_every"] if "omnihvd" in results else None
+        row["adjust_every"] = every
+        row["reconverge_periods"] = (row["steps_to_converge"] / every
+                                     if every and row["steps_to_converge"] is not None else None)
         row["overrun_pct"] = 100 * max(overruns.values()) if overruns and not cpu_plan else None
         row["time_per_epoch_s"] = {v: row[v + "_step_s"] * bench.steps_per_epoch
                                    for v in VARIANTS if row.get(v + "_step_s")}
@@ -340,18 +353,20 @@ def time_to_accuracy(bench):
     args = bench.args
     schedule = emulate.parse_schedule(args.tta_level, bench.size)
     steps = args.tta_epochs * bench.steps_per_epoch
-    out = []
+    out, logs = [], []
     for seed in [int(s) for s in args.tta_seeds.split(",") if s.strip()]:
         for variant in ("plain", "omnihvd"):
             label = "tta s%d   %-9s" % (seed, variant)
             rec = bench.train(variant, schedule, steps, label, seed=seed,
-                              eval_every=args.eval_every, target=args.tta_target)
+                              eval_every=args.eval_every)
             if rec is None:
                 continue
             reached = next((e for e in rec["evals"] if e["accuracy"] >= args.tta_target), None)
             path = os.path.join(args.out, "%s-tta-s%d-%s.log" % (args.name, seed, variant))
-            write_log(path, rec, dict(run="tta %s seed %d" % (variant, seed), level=args.tta_level,
-                                      variant=variant, changes=[], labels=[args.tta_level]))
+            write_log(path, rec, dict(run="%s seed %d" % (variant, seed), level=args.tta_level,
+                                      variant=variant, changes=[], labels=[args.tta_level],
+                                      target=args.tta_target))
+            logs.append(path)
             out.append({"variant": variant, "seed": seed, "level": args.tta_level,
                         "epochs": args.tta_epochs, "target": args.tta_target,
                         "seconds_to_target": reached["t"] if reached else None,
@@ -360,6 +375,10 @@ def time_to_accuracy(bench):
                         "train_seconds": rec["t"][-1],
                         "accuracy_curve": [(e["step"], round(e["t"], 3), round(e["accuracy"], 4))
                                            for e in rec["evals"]]})
+    if logs:
+        plots = telemetry.plot_logs(logs, args.out, "%s-tta" % args.name)
+        for row in out:
+            row["plots"] = [os.path.relpath(p, HERE) for p in plots]
     return out
 
 
@@ -398,7 +417,8 @@ COLUMNS = [("level", "level", "%s"), ("plain_step_s", "plain s", "%.4f"),
            ("ideal_step_s", "ideal s", "%.4f"), ("efficiency", "eff", "%.3f"),
            ("speedup", "speedup", "%.2f"), ("theoretical_speedup", "theory", "%.2f"),
            ("omnihvd_vs_reference", "vs ref", "%.2f"),
-           ("adjustments_to_converge", "adj", "%d"), ("seconds_to_converge", "conv s", "%.1f"),
+           ("adjustments_to_converge", "adj", "%d"), ("steps_to_converge", "conv steps", "%d"),
+           ("seconds_to_converge", "conv s", "%.1f"),
            ("reference_seconds_to_converge", "ref conv s", "%.1f"),
            ("overhead_per_step_s", "overhead s", "%.5f"), ("overrun_pct", "overrun %", "%.0f")]
 TTA_COLUMNS = [("variant", "variant", "%s"), ("seed", "seed", "%d"), ("level", "level", "%s"),
@@ -406,20 +426,68 @@ TTA_COLUMNS = [("variant", "variant", "%s"), ("seed", "seed", "%d"), ("level", "
                ("final_accuracy", "final acc", "%.4f"), ("train_seconds", "train s", "%.1f")]
 
 
-def save(args, rows, tta, started, complete):
+def check_targets(rows):
+    """The issue's targets, each with the measured value and whether it is met."""
+    out = []
+
+    def add(target, level, value, threshold, met):
+        if value is not None:
+            out.append({"target": target, "level": level, "value": value,
+                        "threshold": threshold, "met": bool(met)})
+
+    for row in rows:
+        if "omnihvd_vs_reference" not in row:   # --check-emulation rows
+            continue
+        level = row["level"]
+        label = level.split(":")[-1]
+        if label in ("HL2", "HL4", "HL8"):
+            add("efficiency >= 0.95", level, row["efficiency"], 0.95,
+                row["efficiency"] is not None and row["efficiency"] >= 0.95)
+            add("speed-up >= 95% of theory", level, row["speedup_fraction"], 0.95,
+                row["speedup_fraction"] is not None and row["speedup_fraction"] >= 0.95)
+        if label == "HL1" and row["plain_step_s"] and row["omnihvd_step_s"]:
+            slower = row["omnihvd_step_s"] / row["plain_step_s"] - 1
+            add("HL1 at most 2% slower than plain", level, slower, 0.02, slower <= 0.02)
+        if row.get("segment", 0) > 0 and row["reconverge_periods"] is not None:
+            add("re-converges within 2 periods", level, row["reconverge_periods"], 2,
+                row["reconverge_periods"] <= 2)
+        if row["omnihvd_vs_reference"] is not None:
+            add("default as fast as reference", level, row["omnihvd_vs_reference"], 1.0,
+                row["omnihvd_vs_reference"] >= 1.0)
+    return out
+
+
+TARGET_COLUMNS = [("target", "target", "%s"), ("level", "level", "%s"),
+                  ("value", "measured", "%.3f"), ("threshold", "needed", "%g"),
+                  ("met", "met", "%s")]
+
+
+def save(args, rows, tta, started, complete, sample_cost=None):
+    """Write results/<name>.json and, when complete, results/<name>.md (the tables)."""
     path = os.path.join(args.out, args.name + ".json")
+    targets = check_targets(rows)
     doc = {"name": args.name, "complete": complete,
            "command": "mpirun -np %d %s %s" % (hvd.size(), os.path.relpath(__file__),
                                               " ".join(sys.argv[1:])),
            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
            "wall_s": time.time() - started,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "torch": torch.__version__},
+                       "torch": torch.__version__, "load_average": os.getloadavg()},
            "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
-           "runs": rows, "time_to_accuracy": tta}
+           "sample_cost_s": sample_cost,
+           "runs": rows, "time_to_accuracy": tta, "targets": targets}
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(path + ".tmp", path)
+    if complete:
+        with open(os.path.join(args.out, args.name + ".md"), "w") as f:
+            f.write("Command: `%s` (%s, %.0f s, load average at the end %s, emulated sample "
+                    "cost %s ms)\n\n" % (doc["command"], doc["started"], doc["wall_s"],
+                                          "/".join("%.1f" % v for v in os.getloadavg()),
+                                          "%.2f" % (sample_cost * 1e3) if sample_cost else "-"))
+            for table in ((rows, COLUMNS), (tta, TTA_COLUMNS), (targets, TARGET_COLUMNS)):
+                if table[0]:
+                    f.write("```\n%s\n```\n\n" % telemetry.format_table(*table))
     return path
 
 
@@ -447,7 +515,7 @@ def main(argv=None):
     if args.check_emulation:
         rows = check_emulation(bench)
         if bench.rank == 0:
-            path = save(args, rows, tta, started, complete=True)
+            path = save(args, rows, tta, started, True, bench.sample_cost)
             print(telemetry.format_table(rows, CHECK_COLUMNS))
             for row in rows:
                 print("%-4s %-6s target %s measured %s" % (row["level"], row["mode"],
@@ -457,7 +525,7 @@ def main(argv=None):
     for tag, schedule in plan:
         rows += run_level(bench, tag, schedule, tag)
         if bench.rank == 0:
-            save(args, rows, tta, started, complete=False)
+            save(args, rows, tta, started, False, bench.sample_cost)
     if args.cpu_plan:
         cpus, threads = emulate.parse_cpu_plan(args.cpu_plan, bench.size)[bench.rank], 1
         previous = emulate.pin_cpus(cpus, threads)
@@ -467,14 +535,19 @@ def main(argv=None):
     if args.tta:
         tta = time_to_accuracy(bench)
     if bench.rank == 0:
-        path = save(args, rows, tta, started, complete=True)
+        path = save(args, rows, tta, started, True, bench.sample_cost)
         print()
         print(telemetry.format_table(rows, COLUMNS))
         if tta:
             print()
             print(telemetry.format_table(tta, TTA_COLUMNS))
-        print("\nresults: %s" % os.path.relpath(path))
-        print("plots:   %s/%s-*.png" % (os.path.relpath(args.out), args.name))
+        targets = check_targets(rows)
+        if targets:
+            print()
+            print(telemetry.format_table(targets, TARGET_COLUMNS))
+        print("\nresults: %s (tables: %s.md)" % (os.path.relpath(path), os.path.relpath(path)[:-5]))
+        plots = sorted({p for row in rows + tta for p in row.get("plots", [])})
+        print("plots:\n" + "\n".join("  " + os.path.relpath(os.path.join(HERE, p)) for p in plots))
         print("wall time: %.0f s" % (time.time() - started))
     return 0
 

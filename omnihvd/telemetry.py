@@ -248,8 +248,10 @@ def plot_logs(paths: Sequence[str], out_dir: Optional[str] = None, prefix: Optio
     """Render PNG plots from run logs.
 
     ``<prefix>-batch-sizes.png`` (per-rank batch sizes of the first log whose sizes
-    vary, heterogeneity changes marked) and ``<prefix>-step-time.png`` (the step time
-    of every log, rolling median over ``smooth`` steps, against the ideal).
+    vary, heterogeneity changes marked), ``<prefix>-step-time.png`` (the step time
+    of every log, rolling median over ``smooth`` steps, against the ideal) and, when
+    the logs hold ``eval`` events, ``<prefix>-accuracy.png`` (test accuracy against
+    training time).
 
     Args:
         paths: one or more run logs (e.g. plain Horovod and omnihvd of one level).
@@ -330,6 +332,27 @@ def plot_logs(paths: Sequence[str], out_dir: Optional[str] = None, prefix: Optio
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
+
+    # Test accuracy against training time, when the logs hold evaluations.
+    evaluated = [log for log in logs if any(e["kind"] == "eval" for e in log["events"])]
+    if evaluated:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for log in evaluated:
+            evals = [e for e in log["events"] if e["kind"] == "eval"]
+            ax.plot([e["t"] for e in evals], [e["accuracy"] for e in evals], marker=".",
+                    label=log["meta"].get("run") or log["meta"].get("variant", "run"))
+        target = logs[0]["meta"].get("target")
+        if target:
+            ax.axhline(target, color="0.4", linestyle=":", linewidth=1, label="target")
+        ax.set_xlabel("training time (s), evaluation excluded")
+        ax.set_ylabel("test accuracy")
+        ax.set_title("Time to accuracy: %s" % logs[0]["meta"].get("level", ""))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, prefix + "-accuracy.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
     return written
 
 
