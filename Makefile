@@ -1,16 +1,20 @@
 # The two commands of README.rst. Both run the idempotent set-up first.
 PY := .venv/bin/python
-.PHONY: setup demo test test-fast clean
+.PHONY: setup setup-slurm demo test test-fast clean
 
 setup:
 	bash tools/setup.sh
+
+# Slurm daemons and clients for tests/test_slurm.py (apt-get when missing).
+setup-slurm:
+	python3 tools/slurm_local.py install
 
 # README command 1: set-up, then the main job.
 demo: setup
 	bash benchmarks/run_demo.sh
 
 # README command 2: set-up, then the whole test suite (.ci/run calls this).
-test: setup
+test: setup setup-slurm
 	$(PY) -m pytest -q tests
 
 test-fast: setup

@@ -1,0 +1,75 @@
+# Sourced by every omnihvd Slurm template when its job starts. Site-specific values
+# live in site.sh; this file is the same everywhere.
+#
+# It reads site.sh, runs omnihvd_site_env (modules, Python environment), exports the
+# per-rank thread count, and defines the helpers the templates call.
+
+# The directory of this file. Found through BASH_SOURCE: the batch script itself runs
+# from a copy in Slurm's spool folder, so the template finds this file through
+# OMNIHVD_SLURM_DIR (exported by submit.sh) or the submission folder.
+OMNIHVD_SLURM_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OMNIHVD_ROOT="${OMNIHVD_ROOT:-$(dirname "$OMNIHVD_SLURM_DIR")}"
+export OMNIHVD_SLURM_DIR OMNIHVD_ROOT
+# shellcheck source=site.sh
+source "$OMNIHVD_SLURM_DIR/site.sh"
+omnihvd_site_env
+
+# One compute thread per CPU Slurm gave the task; unbuffered output so the ranks'
+# lines reach the log as they are printed.
+export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
+export PYTHONUNBUFFERED=1
+
+# Exit status by which train_job.py says "checkpoint written, run me again".
+OMNIHVD_REQUEUE_EXIT=85
+
+# omnihvd_banner STYLE: one line naming the job, its nodes and the launch style.
+omnihvd_banner() {
+    echo "omnihvd-slurm: job=${SLURM_JOB_ID} name=${SLURM_JOB_NAME} style=$1" \
+        "nodes=${SLURM_JOB_NODELIST} tasks=${SLURM_NTASKS:-?}" \
+        "restart=${SLURM_RESTART_COUNT:-0} python=$(command -v python)"
+}
+
+# omnihvd_tasks_per_node: one line per allocated node with its task count, expanding
+# Slurm's compressed SLURM_TASKS_PER_NODE ("2(x3),1" -> 2 2 2 1).
+omnihvd_tasks_per_node() {
+    local item i
+    for item in ${SLURM_TASKS_PER_NODE//,/ }; do
+        if [[ $item =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+            for ((i = 0; i < BASH_REMATCH[2]; i++)); do echo "${BASH_REMATCH[1]}"; done
+        else
+            echo "$item"
+        fi
+    done
+}
+
+# omnihvd_horovod_hosts: the allocation as horovodrun's -H list ("node:slots,...").
+# horovodrun does not read the Slurm allocation, so the list is built from
+# SLURM_JOB_NODELIST (expanded by scontrol) and SLURM_TASKS_PER_NODE.
+omnihvd_horovod_hosts() {
+    local -a nodes counts hosts=()
+    local i
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    mapfile -t counts < <(omnihvd_tasks_per_node)
+    if [ "${#nodes[@]}" -ne "${#counts[@]}" ]; then
+        echo "omnihvd_horovod_hosts: ${#nodes[@]} nodes but ${#counts[@]} task counts" \
+            "(SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE)" >&2
+        return 1
+    fi
+    for i in "${!nodes[@]}"; do hosts+=("${nodes[$i]}:${counts[$i]}"); done
+    (IFS=,; echo "${hosts[*]}")
+}
+
+# omnihvd_finish STATUS: end the batch script after the training step. STATUS
+# OMNIHVD_REQUEUE_EXIT means the job checkpointed on the time-limit signal: put it
+# back in the queue (it restarts with SLURM_RESTART_COUNT+1 and resumes from the
+# checkpoint). Any other status is the job's exit status.
+omnihvd_finish() {
+    local status="$1"
+    if [ "$status" -eq "$OMNIHVD_REQUEUE_EXIT" ]; then
+        echo "omnihvd-slurm: checkpoint written; requeueing job $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    echo "omnihvd-slurm: training step exited with status $status"
+    exit "$status"
+}

@@ -1,0 +1,32 @@
+# omnihvd Slurm site settings: the ONE file to edit for your cluster.
+#
+# Read by slurm/submit.sh (partitions, account, log folder) when it submits a
+# template, and by every template (modules, environment) when the job starts. Each
+# setting keeps a value already in the environment, so one submission can override
+# it: OMNIHVD_PARTITION=debug slurm/submit.sh slurm/single_node.sbatch
+#
+# Lines to edit are marked EDIT.
+
+# Partition for jobs on one node type ("" = the cluster's default partition). EDIT
+OMNIHVD_PARTITION="${OMNIHVD_PARTITION-}"
+
+# The two partitions (node types) of slurm/hetjob.sbatch: component 0 runs on the
+# first, component 1 on the second, e.g. "gpu-a100 gpu-v100" or "gpu cpu". EDIT
+OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-fast slow}"
+
+# Account to charge ("" = your default account). EDIT
+OMNIHVD_ACCOUNT="${OMNIHVD_ACCOUNT-}"
+
+# Where job logs go (named JOBNAME-JOBID.out) and where checkpoints are written.
+# Both must be on a file system that every node sees. EDIT
+OMNIHVD_LOG_DIR="${OMNIHVD_LOG_DIR-$OMNIHVD_ROOT/logs}"
+OMNIHVD_CKPT_DIR="${OMNIHVD_CKPT_DIR-$OMNIHVD_ROOT/checkpoints}"
+
+# Runs at the start of every job, before the launch: load modules and activate the
+# Python environment that has torch, horovod and omnihvd. EDIT
+omnihvd_site_env() {
+    # module purge
+    # module load openmpi/4.1 cuda/12.1          # the MPI horovod was built with
+    # shellcheck disable=SC1091
+    source "$OMNIHVD_ROOT/.venv/bin/activate"    # or: conda activate omnihvd
+}

@@ -1,0 +1,238 @@
+"""The Slurm templates (slurm/*.sbatch), submitted to a real Slurm cluster.
+
+A module fixture starts a throw-away cluster with tools/slurm_local.py (slurmctld
+plus slurmd daemons for the virtual nodes n1, n2 and this host, all in a temporary
+folder) and stops it through its pid files afterwards. Each test submits one
+template through slurm/submit.sh -- the way a user does, with the shipped site.sh --
+polls the job's state with a timeout (``sbatch --wait`` returns late), and reads
+the job's log: ranks, world size, nodes, training steps, the balancing decisions.
+
+Slurm missing is a failure, not a skip: ``make test`` installs it first
+(``make setup-slurm``, i.e. ``python3 tools/slurm_local.py install``).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import slurm_local  # noqa: E402  (tools/ is not a package)
+
+SUBMIT = os.path.join(ROOT, "slurm", "submit.sh")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+JOB_TIMEOUT = 300  # seconds per job: generous, the machine is shared
+GLOBAL_BATCH = 128  # train_job.py's default --global-batch-size
+LINE = re.compile(r"omnihvd-job: (.*)$")  # mpirun may prefix "[1,0]<stdout>:"
+
+pytestmark = pytest.mark.mpi
+
+
+class Cluster:
+    """The running local cluster: submit templates, wait for jobs, read their logs."""
+
+    def __init__(self, folder, env):
+        self.folder = folder
+        self.logs = os.path.join(folder, "logs")
+        self.ckpts = os.path.join(folder, "checkpoints")
+        self.env = dict(os.environ, **env)
+        self.env.update(OMNIHVD_LOG_DIR=self.logs, OMNIHVD_CKPT_DIR=self.ckpts)
+
+    def run(self, *cmd, env=None, check=True):
+        proc = subprocess.run(cmd, env=dict(self.env, **(env or {})), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError("%s failed (exit %d):\n%s" % (" ".join(cmd), proc.returncode,
+                                                              proc.stdout))
+        return proc.stdout
+
+    def submit(self, template, *args, **settings):
+        """slurm/submit.sh TEMPLATE ARGS with site settings as environment; the job id."""
+        out = self.run(SUBMIT, os.path.join(ROOT, "slurm", template), *map(str, args),
+                       env=settings)
+        return out.strip().splitlines()[-1].split(";")[0]
+
+    def state(self, job):
+        out = self.run("scontrol", "show", "job", "-o", job, check=False)
+        m = re.search(r"JobState=(\S+)", out)  # the first record: the hetjob leader
+        return m.group(1) if m else "UNKNOWN"
+
+    def log_path(self, job):
+        names = [n for n in os.listdir(self.logs) if n.endswith("-%s.out" % job)] \
+            if os.path.isdir(self.logs) else []
+        return os.path.join(self.logs, names[0]) if names else None
+
+    def log(self, job):
+        path = self.log_path(job)
+        if path is None:
+            return ""
+        with open(path, errors="replace") as f:
+            return f.read()
+
+    def wait(self, job, timeout=JOB_TIMEOUT):
+        """Poll until the job ends; cancel it and fail if it takes longer than timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state(job)
+            if state in TERMINAL:
+                return state
+            if time.monotonic() > deadline:
+                self.run("scancel", job, check=False)
+                raise AssertionError("job %s still %s after %d s; log:\n%s\n%s" % (
+                    job, state, timeout, self.log(job), slurm_local._log_tails(self.folder)))
+            time.sleep(0.5)
+
+    def wait_for_line(self, job, pattern, timeout=JOB_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.log(job), re.M):
+            state = self.state(job)
+            if state in TERMINAL or time.monotonic() > deadline:
+                raise AssertionError("job %s (%s) never printed %r; log:\n%s"
+                                     % (job, state, pattern, self.log(job)))
+            time.sleep(0.3)
+
+    def completed(self, job, timeout=JOB_TIMEOUT):
+        """Wait for the job; assert it COMPLETED; return its log."""
+        state = self.wait(job, timeout)
+        log = self.log(job)
+        assert state == "COMPLETED", "job %s ended %s; log:\n%s" % (job, state, log)
+        return log
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("slurm"))
+    env = slurm_local.start(folder)  # raises (the test fails) when Slurm is missing
+    try:
+        yield Cluster(folder, env)
+    finally:
+        slurm_local.stop(folder)
+
+
+def job_lines(log):
+    return [m.group(1) for m in map(LINE.search, log.splitlines()) if m]
+
+
+def parse(log):
+    """The log's rank lines ({rank: (size, node, restart)}) and rank 0's result dict."""
+    ranks, result = {}, None
+    for line in job_lines(log):
+        m = re.match(r"rank=(\d+) size=(\d+) node=(\S+) restart=(\d+)", line)
+        if m:
+            ranks[int(m.group(1))] = (int(m.group(2)), m.group(3), int(m.group(4)))
+        elif line.startswith("result "):
+            result = json.loads(line[len("result "):])
+    assert result is not None, "no result line in the log:\n" + log
+    return ranks, result
+
+
+def check_training(log, world_size, steps, nodes=None):
+    """Every rank reported, one world, the steps ran, loss fell, sizes sum to B."""
+    ranks, result = parse(log)
+    assert sorted(ranks) == list(range(world_size)), log
+    assert {size for size, _, _ in ranks.values()} == {world_size}, log
+    assert result["world_size"] == world_size and result["steps"] == steps, result
+    assert len(result["batch_sizes"]) == world_size, result
+    assert sum(result["batch_sizes"]) == GLOBAL_BATCH, result
+    assert result["last_loss"] < result["first_loss"], result
+    decisions = [line for line in job_lines(log) if line.startswith("decision ")]
+    assert len(decisions) == result["decisions"], log
+    if nodes is not None:
+        assert result["nodes"] == nodes, (result, log)
+    return ranks, result
+
+
+def test_single_node_srun(cluster):
+    job = cluster.submit("single_node.sbatch", "--steps", 15)
+    log = cluster.completed(job)
+    assert "style=srun" in log
+    check_training(log, world_size=4, steps=15, nodes=["n1"] * 4)
+
+
+def test_multi_node_srun(cluster):
+    job = cluster.submit("multi_node_srun.sbatch", "--steps", 15)
+    log = cluster.completed(job)
+    check_training(log, world_size=4, steps=15, nodes=["n1", "n1", "n2", "n2"])
+
+
+def test_multi_node_mpirun_reads_the_allocation(cluster):
+    job = cluster.submit("multi_node_mpirun.sbatch", "--steps", 15)
+    log = cluster.completed(job)
+    assert "style=mpirun" in log
+    check_training(log, world_size=4, steps=15, nodes=["n1", "n1", "n2", "n2"])
+
+
+def test_horovodrun_with_hosts_from_the_allocation(cluster):
+    # horovodrun needs host names it can resolve (and ssh between nodes): on this
+    # cluster that is the node named after this host, in partition "host".
+    host = slurm_local.node_names()[2]
+    job = cluster.submit("multi_node_horovodrun.sbatch", "--steps", 15,
+                         OMNIHVD_PARTITION="host",
+                         OMNIHVD_SBATCH_OPTS="--nodes=1 --ntasks-per-node=4")
+    log = cluster.completed(job)
+    assert "horovodrun -H %s:4 " % host in log
+    check_training(log, world_size=4, steps=15, nodes=[host] * 4)
+
+
+@pytest.mark.parametrize("nodelist, tasks, expected", [
+    ("n[1-2]", "2(x2)", "n1:2,n2:2"),
+    ("a[1-3],b7", "3(x2),1,4", "a1:3,a2:3,a3:1,b7:4"),
+    ("n1", "4", "n1:4"),
+])
+def test_horovod_host_list(cluster, nodelist, tasks, expected):
+    # The multi-node -H list, from Slurm's compressed variables (no job needed).
+    script = ('source "%s/slurm/common.sh" && SLURM_JOB_NODELIST="%s" SLURM_TASKS_PER_NODE="%s" '
+              'omnihvd_horovod_hosts' % (ROOT, nodelist, tasks))
+    assert cluster.run("bash", "-c", script).strip().splitlines()[-1] == expected
+
+
+def test_hetjob_one_world_over_two_node_types_balances(cluster):
+    # Node n2 (partition "slow") emulates hardware three times slower.
+    job = cluster.submit("hetjob.sbatch", "--steps", 25, "--ms-per-sample", 1,
+                         "--slow-nodes", "n2", "--slowdown", 3)
+    log = cluster.completed(job)
+    assert "component 0: fast n1; component 1: slow n2" in log, log
+    _, result = check_training(log, world_size=4, steps=25, nodes=["n1", "n1", "n2", "n2"])
+    assert result["decisions"] >= 1, log
+    fast, slow = result["sizes_by_node"]["n1"], result["sizes_by_node"]["n2"]
+    assert max(slow) < min(fast), "the slow node type kept as much work: %s\n%s" % (result, log)
+
+
+def test_checkpoint_on_signal_requeue_and_resume(cluster):
+    # Rank 1 emulates a slower device, so the sizes are unequal when the job is
+    # signalled, and the resumed run must restore them, not restart from 64/64.
+    steps = 40
+    job = cluster.submit("checkpoint_requeue.sbatch", "--steps", steps, "--step-sleep", 0.1,
+                         "--ms-per-sample", 1, "--slow-ranks", 1)
+    cluster.wait_for_line(job, r"omnihvd-job: step=10 ")
+    # What --signal=USR1@T does T seconds before the time limit: USR1 to every task.
+    cluster.run("scancel", "--signal=USR1", job)
+    log = cluster.completed(job)
+
+    lines = job_lines(log)
+    saved = [re.match(r"checkpoint step=(\d+) batch_sizes=(\[.*?\]) epoch=(\d+)", s) for s in lines]
+    saved = [m for m in saved if m]
+    resumed = [m for m in (re.match(r"resumed step=(\d+) batch_sizes=(\[.*?\]) epoch=(\d+)", s)
+                           for s in lines) if m]
+    assert len(saved) == 1 and len(resumed) == 1, log
+    assert saved[0].groups() == resumed[0].groups(), log  # step, sizes, epoch restored
+    step, sizes = int(saved[0].group(1)), json.loads(saved[0].group(2))
+    assert 10 <= step < steps and sizes != [64, 64], log
+    assert "requeueing job %s" % job in log and "restart=1" in log, log
+    ranks, result = check_training(log, world_size=2, steps=steps, nodes=["n1", "n1"])
+    assert result["restart"] == 1 and result["resumed_from"] == step, result
+    assert {restart for _, _, restart in ranks.values()} == {1}, log
+    assert "Restarts=1" in cluster.run("scontrol", "show", "job", job)
+    ckpt = [n for n in os.listdir(cluster.ckpts) if n.endswith("-%s.pt" % job)]
+    assert ckpt, os.listdir(cluster.ckpts)
+
+
+def test_submit_without_template_explains_usage(cluster):
+    proc = subprocess.run([SUBMIT], env=cluster.env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=30)
+    assert proc.returncode == 2 and "usage:" in proc.stdout
