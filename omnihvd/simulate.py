@@ -7,7 +7,7 @@ long as the slowest rank plus a ring allreduce. Batch sizes are chosen by the sa
 code a real run uses -- :class:`omnihvd.controller.Controller` (policies, gain, dead
 band, bounds, integer apportioning) fed by :func:`omnihvd.timing.robust_step_time`
 -- on the callback's cadence: every ``adjust_every`` steps each rank summarises its
-local times since the last size change (dropping ``settle_steps`` after a change),
+local times since the previous gather (dropping ``settle_steps`` after a change),
 the summaries are allgathered (non-blocking), every rank calls ``decide`` and the
 new sizes take effect ``latency_steps`` steps later. Ranks are numpy vectors, so
 10,000 ranks run in seconds; the controller's own cost is what is left.
@@ -75,7 +75,7 @@ REFERENCE_CORES = 12  # relative speed 1.0
 # Float64 fields each rank contributes to the callback's timing allgather: summary
 # time, sample count, batch size, sampler look-ahead, size digest (callback.py).
 SUMMARY_FIELDS = 5
-WINDOWS = ("change", "decision")
+WINDOWS = ("adjustment", "change")
 
 
 @dataclass
@@ -128,9 +128,10 @@ class Control:
         latency_steps: steps between the gather and the first step of the new sizes
             (1: the non-blocking allgather overlaps one training step; more with a
             prefetching DataLoader).
-        window: which samples a summary covers: ``"change"`` (all since the last size
-            change, as :class:`omnihvd.OmniLearnCallback` does) or ``"decision"``
-            (only those since the previous gather; an alternative to compare).
+        window: which samples a summary covers: ``"adjustment"`` (those since the
+            previous gather, as :class:`omnihvd.OmniLearnCallback` does) or ``"change"``
+            (all since the last size change, as it did before; kept for comparison:
+            in a phase where the sizes hold, that window grows and reacts late).
     """
 
     policy: str = "affine"
@@ -143,7 +144,7 @@ class Control:
     min_batch_size: object = 1
     max_batch_size: object = None
     history: int = 8
-    window: str = "change"
+    window: str = "adjustment"
 
     def check(self):
         if self.policy not in POLICIES:
@@ -319,7 +320,8 @@ class SimulationResult:
         tracked_ranks, tracked_sizes: batch-size trajectories ``(steps, k)`` of a few
             representative ranks.
         decisions: one dict per controller call: step, effective_step, changed,
-            seconds (wall time of ``Controller.decide``).
+            seconds and cpu_seconds (wall and thread CPU time of ``Controller.decide``;
+            CPU time is the steadier figure on a shared machine).
         final_sizes: every rank's sizes after the last step.
     """
 
@@ -349,12 +351,15 @@ class SimulationResult:
         """Per phase: steps and size changes until the balance stays within ``tol``.
 
         A phase has converged at the first step from which the noise-free balance
-        stays at or above ``(1 - tol) * best_balance`` until the phase ends. Profiles
-        with continuous drift have no phases and return ``[]``.
+        stays at or above ``(1 - tol) * best_balance`` until the phase ends; it is
+        reached at the first step where it gets there at all (under noise a later
+        round may leave again). Profiles with continuous drift have no phases and
+        return ``[]``.
 
         Returns:
-            list of dicts ``{start, steps, adjustments, decisions}``, ``steps`` None when
-            the phase never settles.
+            list of dicts ``{start, steps, adjustments, decisions, reached,
+            reached_adjustments}``: steps from the phase start; None where the phase
+            never settles (never gets there).
         """
         if self.change_steps is None:
             return []
@@ -367,11 +372,17 @@ class SimulationResult:
             first = start if bad.size == 0 else start + int(bad[-1]) + 1
             settled = first < end
             made = [d for d in self.decisions if start <= d["step"] < (first if settled else end)]
+            hits = np.flatnonzero(ok)
+            reach = start + int(hits[0]) if hits.size else None
+            before = [d for d in self.decisions
+                      if reach is not None and start <= d["step"] < reach and d["changed"]]
             out.append({
                 "start": int(start),
                 "steps": int(first - start) if settled else None,
                 "adjustments": sum(1 for d in made if d["changed"]) if settled else None,
                 "decisions": len(made) if settled else None,
+                "reached": None if reach is None else reach - start,
+                "reached_adjustments": None if reach is None else len(before),
             })
         return out
 
@@ -383,6 +394,7 @@ class SimulationResult:
         lo = min(self.steps - 1, int(self.steps * (1.0 - steady_fraction)))
         total = float(np.sum(self.step_time[lo:]))
         seconds = np.array([d["seconds"] for d in self.decisions]) if self.decisions else np.zeros(1)
+        cpu = np.array([d["cpu_seconds"] for d in self.decisions]) if self.decisions else np.zeros(1)
         conv = self.convergence(tol)
         settled = [c for c in conv if c["steps"] is not None]
         return {
@@ -397,7 +409,9 @@ class SimulationResult:
             "decisions": len(self.decisions),
             "adjustments": sum(1 for d in self.decisions if d["changed"]),
             "decision_ms": {"median": 1e3 * float(np.median(seconds)),
-                            "max": 1e3 * float(np.max(seconds))},
+                            "max": 1e3 * float(np.max(seconds)),
+                            "cpu_median": 1e3 * float(np.median(cpu)),
+                            "cpu_min": 1e3 * float(np.min(cpu))},
             "steady": {
                 "from_step": lo,
                 "efficiency": float(np.sum(self.ideal_time[lo:])) / total,
@@ -412,6 +426,10 @@ class SimulationResult:
             "converged_phases": "%d/%d" % (len(settled), len(conv)),
             "max_steps_to_converge": max((c["steps"] for c in settled), default=None),
             "max_adjustments_to_converge": max((c["adjustments"] for c in settled), default=None),
+            "max_steps_to_reach": (None if any(c["reached"] is None for c in conv)
+                                   else max((c["reached"] for c in conv), default=None)),
+            "max_adjustments_to_reach": (None if any(c["reached"] is None for c in conv) else
+                                         max((c["reached_adjustments"] for c in conv), default=None)),
         }
 
     def to_dict(self, every: int = 1) -> dict:
@@ -501,7 +519,7 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
     change_steps = profile.change_steps
     best_balance = []
     decisions = []
-    window = []               # local times since the last size change, settle steps dropped
+    window = []               # local times to summarise next, settle steps dropped
     skip = control.settle_steps
     pending = None            # (effective_step, sizes)
 
@@ -532,17 +550,17 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
             window.append(local)
         if (t + 1) % control.adjust_every == 0 and pending is None and window:
             summary = robust_step_time(np.stack(window), control.timing, axis=0)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             new = ctl.decide(sizes, summary)
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
             new = np.asarray(new, dtype=np.int64)
             changed = not np.array_equal(new, sizes)
             effective = t + 1 + control.latency_steps
             decisions.append({"step": t, "effective_step": effective, "changed": changed,
-                              "seconds": seconds})
+                              "seconds": seconds, "cpu_seconds": cpu})
             if changed:
                 pending = (effective, new)
-            if control.window == "decision":
+            if control.window == "adjustment":
                 window = []
     if pending is not None:  # decided, not yet applied: the sizes the run goes on with
         sizes = pending[1]
@@ -648,8 +666,8 @@ def configure_parser(parser):
     c.add_argument("--latency-steps", type=int, default=co.latency_steps,
                    help="steps from the gather to the new sizes (default 1)")
     c.add_argument("--window", choices=WINDOWS, default=co.window,
-                   help="samples per summary: since the last size change (the callback's "
-                        "behaviour) or since the last gather")
+                   help="samples per summary: since the previous gather (the callback's "
+                        "behaviour) or all since the last size change")
     c.add_argument("--min-batch-size", type=int, default=1)
     c.add_argument("--max-batch-size", type=int, default=None)
     c.add_argument("--reference", action="store_true",

@@ -85,7 +85,7 @@ def test_dynamic_profile_phases_and_convergence():
     prof = make_profile("dynamic", 4, 700, phase_steps=100)
     assert prof.change_steps == [0, 100, 200, 300, 400, 500, 600]
     res = simulate(Cluster(ranks=4), prof, global_batch_size=128, steps=700,
-                   control=Control(policy="proportional", window="decision"))
+                   control=Control(policy="proportional"))
     conv = res.convergence()
     assert len(conv) == len(DYNAMIC_SCHEDULE)
     assert all(c["steps"] is not None for c in conv)
