@@ -260,7 +260,7 @@ def _round_to_total(values, total, lo, hi):
         if room.size == 0:  # excluded by resolve_bounds
             raise InfeasibleError("no integer split of %d within the bounds" % total)
         short = total - int(sizes.sum())
-    return [int(v) for v in sizes]
+    return sizes.tolist()
 
 
 def relative_change(old, new) -> float:
@@ -331,7 +331,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
 # ------------------------------------------------------------- affine policy
 
 
-def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.5,
+def fit_time_model(history_sizes, history_times, *, mask=None, max_intercept_fraction=0.5,
                    min_spread=0.1) -> TimeModel:
     """Fit ``t_i(b) = a_i + c_i b`` per rank from its measured (size, time) history.
 
@@ -346,6 +346,9 @@ def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.5,
     Args:
         history_sizes: array-like ``(k, n)``: sizes at k past measurements, oldest first.
         history_times: array-like ``(k, n)``: local step times at those sizes.
+        mask: optional boolean ``(k, n)``: which measurements still describe the rank
+            (False for those before a detected change of speed). The last row must
+            be valid.
 
     Returns:
         TimeModel(intercept, slope), each shape (n,).
@@ -361,17 +364,22 @@ def fit_time_model(history_sizes, history_times, *, max_intercept_fraction=0.5,
                           % (sizes.shape, times.shape))
     if not (np.all(np.isfinite(times)) and np.all(times > 0) and np.all(sizes >= 1)):
         raise ConfigError("history must hold sizes >= 1 and finite positive times")
-    k = sizes.shape[0]
+    w = np.ones(sizes.shape) if mask is None else np.asarray(mask, dtype=bool).astype(np.float64)
+    if w.shape != sizes.shape or not np.all(w[-1] == 1):
+        raise ConfigError("mask must have the history's shape with its last row all True")
     b_last, t_last = sizes[-1], times[-1]
     intercept = np.zeros(sizes.shape[1])
-    if k >= 2:
-        # Column-wise least squares. Sums over k <= history rows run in a fixed order,
-        # so they are as deterministic as fsum here, and vectorised over ranks.
-        bm, tm = sizes.sum(axis=0) / k, times.sum(axis=0) / k
-        var = ((sizes - bm) ** 2).sum(axis=0)
-        usable = ((sizes.max(axis=0) - sizes.min(axis=0)) >= min_spread * bm) & (var > 0)
+    count = w.sum(axis=0)
+    if sizes.shape[0] >= 2 and np.any(count >= 2):
+        # Column-wise weighted least squares over each rank's valid rows. Sums over
+        # k <= history rows run in a fixed order, so they are deterministic.
+        bm, tm = (w * sizes).sum(axis=0) / count, (w * times).sum(axis=0) / count
+        var = (w * (sizes - bm) ** 2).sum(axis=0)
+        spread = np.where(w > 0, sizes, -np.inf).max(axis=0) - np.where(w > 0, sizes, np.inf).min(axis=0)
+        usable = (count >= 2) & (spread >= min_spread * bm) & (var > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            c = np.where(usable, ((sizes - bm) * (times - tm)).sum(axis=0) / np.where(usable, var, 1.0), 0.0)
+            cov = (w * (sizes - bm) * (times - tm)).sum(axis=0)
+            c = np.where(usable, cov / np.where(usable, var, 1.0), 0.0)
         a = np.clip(tm - c * bm, 0.0, max_intercept_fraction * t_last)
         intercept = np.where(usable & (c > 0), a, 0.0)
     slope = (t_last - intercept) / b_last
@@ -422,6 +430,9 @@ class Controller:
         policy: ``"affine"`` (default) or ``"proportional"``.
         gain, deadband, min_batch_size, max_batch_size: as in :func:`rebalance`.
         history: how many past (sizes, times) rounds the affine fit uses.
+        change_tolerance: a rank whose new time differs from the model's prediction
+            by more than this fraction has changed speed (noisy neighbour, throttling,
+            new hardware): its older measurements are dropped from the fit.
 
     >>> ctl = Controller(2, 60, policy="affine")
     >>> ctl.decide([30, 30], [4.0, 2.5])     # one size seen: proportional guess
@@ -431,7 +442,7 @@ class Controller:
     """
 
     def __init__(self, num_ranks, global_batch_size, *, policy="affine", gain=1.0, deadband=0.0,
-                 min_batch_size=1, max_batch_size=None, history=8):
+                 min_batch_size=1, max_batch_size=None, history=8, change_tolerance=0.25):
         self.num_ranks = _check_int("num_ranks", num_ranks, 1)
         self.global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
         if policy not in POLICIES:
@@ -440,9 +451,9 @@ class Controller:
         self.gain = _check_float("gain", gain, 0.0, strict=True)
         self.deadband = _check_float("deadband", deadband, 0.0)
         self.history = _check_int("history", history, 2)
+        self.change_tolerance = _check_float("change_tolerance", change_tolerance, 0.0, strict=True)
         self.set_bounds(min_batch_size, max_batch_size)
-        self._sizes = []
-        self._times = []
+        self.forget()
 
     def set_bounds(self, min_batch_size=1, max_batch_size=None):
         """Change per-rank bounds (e.g. a lowered memory cap); checks feasibility."""
@@ -451,7 +462,7 @@ class Controller:
 
     def forget(self):
         """Drop the measured history (after a change of hardware or membership)."""
-        self._sizes, self._times = [], []
+        self._sizes, self._times, self._valid = [], [], []
 
     def observe(self, batch_sizes, times):
         """Record one round of measurements without deciding."""
@@ -459,14 +470,24 @@ class Controller:
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
         t = _as_time_vector("times", times, self.num_ranks)
+        if self._sizes and self.policy == "affine":
+            # Only a model fitted from two or more valid rounds predicts well enough
+            # to tell a change of speed from the fixed cost a one-point model ignores.
+            fitted = np.stack(self._valid).sum(axis=0) >= 2
+            predicted = predict_step_times(self.model(), b)
+            changed = fitted & (np.abs(t - predicted) > self.change_tolerance * predicted)
+            for row in self._valid:
+                row[changed] = False
         self._sizes = (self._sizes + [b])[-self.history:]
         self._times = (self._times + [t])[-self.history:]
+        self._valid = (self._valid + [np.ones(self.num_ranks, dtype=bool)])[-self.history:]
 
     def model(self) -> Optional[TimeModel]:
         """The affine time model fitted from the history, or None before any data."""
         if not self._sizes:
             return None
-        return fit_time_model(np.stack(self._sizes), np.stack(self._times))
+        return fit_time_model(np.stack(self._sizes), np.stack(self._times),
+                              mask=np.stack(self._valid))
 
     def decide(self, batch_sizes, times) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes."""
@@ -485,7 +506,8 @@ class Controller:
 
     def state_dict(self):
         return {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
-                "times": [t.tolist() for t in self._times]}
+                "times": [t.tolist() for t in self._times],
+                "valid": [v.tolist() for v in self._valid]}
 
     def load_state_dict(self, state):
         """Restore history; history of a different rank count is dropped (not valid)."""
@@ -495,3 +517,5 @@ class Controller:
             return
         self._sizes = sizes[-self.history:]
         self._times = [np.asarray(t, dtype=np.float64) for t in state.get("times", [])][-self.history:]
+        valid = state.get("valid") or [[True] * self.num_ranks for _ in self._sizes]
+        self._valid = [np.asarray(v, dtype=bool) for v in valid][-self.history:]

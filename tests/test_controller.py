@@ -517,3 +517,23 @@ def test_decision_time_is_measured(capsys):
         lines.append("controller decision n=%d: %s" % (n, ", ".join(row)))
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_affine_controller_drops_history_of_a_rank_whose_speed_changed():
+    # Fitted exactly on a=1, c=(0.1, 0.05); then rank 0 gets twice as slow per sample.
+    ctl = Controller(2, 60)
+    truth = TimeModel(np.array([1.0, 1.0]), np.array([0.1, 0.05]))
+    sizes = [30, 30]
+    for _ in range(3):
+        sizes = ctl.decide(sizes, predict_step_times(truth, sizes))
+    assert sizes == [20, 40]
+    slower = TimeModel(np.array([1.0, 1.0]), np.array([0.2, 0.05]))
+    target = solve_time_model(slower, 60)
+    history = []
+    for _ in range(3):
+        sizes = ctl.decide(sizes, predict_step_times(slower, sizes))
+        history.append(sizes)
+    # The stale rows of rank 0 are dropped, so the fit is exact again two rounds on
+    # and stays there (a fit mixing old and new speeds would not land on target).
+    assert history[1] == target and history[2] == target, (history, target)
+    assert not ctl._valid[0][0]
