@@ -56,33 +56,45 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z
     apt_install dataset-fashion-mnist ||
         say "note: Fashion-MNIST is absent; benchmarks need it (apt-get install dataset-fashion-mnist, or set OMNIHVD_DATA to a folder with the four IDX .gz files)"
 fi
-command -v g++ >/dev/null || apt_install g++ || die "no C++ compiler (g++)" "install g++ and rerun"
-command -v cmake >/dev/null || apt_install cmake || die "no cmake" "install cmake (>= 3.13) and rerun"
-
-# 2. The virtual environment.
-if [ ! -x "$PY" ]; then
+# 2. The virtual environment. One without a working pip is a half-made one: redo it.
+if [ ! -x "$PY" ] || ! "$PY" -m pip --version >/dev/null 2>&1; then
     command -v "$BASE_PYTHON" >/dev/null || die "no $BASE_PYTHON" "install Python >= 3.8 or set OMNIHVD_PYTHON"
     venv_args=()
     [ "$TORCH_WANTED" = keep ] && venv_args+=(--system-site-packages)
+    make_venv() { rm -rf "$VENV"; "$BASE_PYTHON" -m venv ${venv_args[@]+"${venv_args[@]}"} "$VENV" >/dev/null 2>&1; }
     say "creating $VENV"
-    "$BASE_PYTHON" -m venv "${venv_args[@]}" "$VENV" ||
-        die "could not create $VENV" "install the venv module (Debian: apt-get install python3-venv)"
+    if ! make_venv; then
+        # Debian/Ubuntu ship venv's pip bootstrap (ensurepip) separately.
+        { apt_install python3-venv && make_venv; } || {
+            rm -rf "$VENV"
+            die "could not create $VENV with $BASE_PYTHON -m venv" \
+                "install the venv module (Debian/Ubuntu: apt-get install python3-venv) or set OMNIHVD_PYTHON"
+        }
+    fi
 fi
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
 # 3. torch.
-torch_version() { "$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true; }
-have_torch="$(torch_version)"
+torch_version() { "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true; }
+TORCH_VERSION="$(torch_version)"   # e.g. 2.13.0+cpu; empty when torch does not import
 if [ "$TORCH_WANTED" = keep ]; then
-    [ -n "$have_torch" ] || die "OMNIHVD_TORCH=keep, but $BASE_PYTHON has no torch" "install torch >= 2.1 into it, or unset OMNIHVD_TORCH"
-    "$PY" -c 'import sys,torch; v=tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 1))' ||
-        die "torch $have_torch is too old" "omnihvd needs torch >= 2.1"
-elif [ "$have_torch" != "$TORCH_WANTED" ]; then
+    if [ -z "$TORCH_VERSION" ]; then
+        grep -qi '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" ||
+            die "OMNIHVD_TORCH=keep, but $VENV was made without the base python's packages" \
+                "rm -rf $VENV and rerun with OMNIHVD_TORCH=keep"
+        die "OMNIHVD_TORCH=keep, but $BASE_PYTHON has no working torch" "install torch >= 2.1 into it, or unset OMNIHVD_TORCH"
+    fi
+    case "$TORCH_VERSION" in
+        0.* | 1.* | 2.0 | 2.0.* | 2.0+*) die "torch $TORCH_VERSION is too old" "omnihvd needs torch >= 2.1" ;;
+    esac
+elif [ "${TORCH_VERSION%%+*}" != "$TORCH_WANTED" ]; then
     say "installing torch==$TORCH_WANTED"
     "${PIP[@]}" "torch==$TORCH_WANTED" || die "pip could not install torch==$TORCH_WANTED" \
         "set OMNIHVD_TORCH to an available version, or OMNIHVD_TORCH=keep to use the base python's torch"
+    TORCH_VERSION="$(torch_version)"
+    [ -n "$TORCH_VERSION" ] || die "torch==$TORCH_WANTED was installed but does not import" \
+        "run $PY -c 'import torch' to see why"
 fi
-TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 
 # 4. Python dependencies (numpy, mpi4py, horovod's build requirements, test tools).
 "$PY" -c 'import setuptools, wheel, numpy, mpi4py, cffi, psutil, yaml, cloudpickle, packaging, pytest, hypothesis, matplotlib' 2>/dev/null || {
@@ -94,16 +106,25 @@ TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 # 5. horovod, built against this torch and this MPI, cached by both.
 horovod_ok() {
     "$PY" - <<'EOF' 2>/dev/null
-import horovod, horovod.torch as hvd
+import os, horovod, horovod.torch as hvd
 assert horovod.__version__ == "0.28.1" and hvd.mpi_built()
+assert hvd.nccl_built() or os.environ.get("HOROVOD_GPU_OPERATIONS") != "NCCL"
 EOF
 }
 if ! horovod_ok; then
-    MPI_VERSION="$(mpirun --version 2>/dev/null | head -n1 | tr -cd '[:alnum:]._-')"
+    # The wheel fits one python, one torch, one MPI and one set of HOROVOD_* options.
+    # MPICH prints its version on a later line than Open MPI, hence the first line
+    # with a digit; the hash tells apart MPIs of one version installed in two places.
+    MPI_TEXT="$( { mpirun --version 2>&1 || true; } | sed -n '/[0-9]/{p;q;}')"
+    MPI_ID="$(printf '%s' "$MPI_TEXT" | tr -cd '[:alnum:]._-' | cut -c1-40)"
+    MPI_HASH="$( { printf '%s\n' "$MPI_TEXT"; mpicc -show 2>&1 || true; env | grep '^HOROVOD_' | sort || true; } |
+        sha256sum | cut -c1-8)"
     PY_TAG="$("$PY" -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
-    KEY="horovod-$HOROVOD_VERSION-$PY_TAG-torch$(echo "$TORCH_VERSION" | tr '+' '_')-$MPI_VERSION"
+    KEY="horovod-$HOROVOD_VERSION-$PY_TAG-torch$(echo "$TORCH_VERSION" | tr '+' '_')-$MPI_ID-$MPI_HASH"
     WHEEL_DIR="$CACHE/wheels/$KEY"
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+        command -v g++ >/dev/null || apt_install g++ || die "no C++ compiler (g++)" "install g++ and rerun"
+        command -v cmake >/dev/null || apt_install cmake || die "no cmake" "install cmake (>= 3.13) and rerun"
         say "building horovod $HOROVOD_VERSION with PyTorch + MPI + Gloo (about 3 minutes on 2 cores)"
         mkdir -p "$CACHE/bin"
         # horovod's CMakeLists forces C++14; torch >= 2.1 headers need C++17. The last
@@ -114,10 +135,12 @@ exec g++ "$@" -std=c++17
 EOF
         chmod +x "$CACHE/bin/g++-c++17"
         BUILD="$(mktemp -d)"
+        # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would
+        # hand back a horovod built for another torch or MPI.
         if ! env CXX="$CACHE/bin/g++-c++17" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
             HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
             MAKEFLAGS="-j$(nproc)" \
-            "$PY" -m pip wheel -q --no-build-isolation --no-deps --no-binary horovod \
+            "$PY" -m pip wheel -q --no-cache-dir --no-build-isolation --no-deps --no-binary horovod \
             "horovod==$HOROVOD_VERSION" -w "$BUILD" >"$BUILD/build.log" 2>&1; then
             tail -n 40 "$BUILD/build.log" >&2
             die "building horovod failed (full log: $BUILD/build.log)" \
@@ -136,7 +159,9 @@ EOF
 fi
 
 # 6. omnihvd itself (editable, with its console script).
-"$PY" -c 'import omnihvd' 2>/dev/null && [ -x "$VENV/bin/omnihvd" ] ||
+# Checked from / so that the current folder cannot stand in for the installed package.
+(cd / && "$PY" -c 'import omnihvd, os, sys; sys.exit(os.path.dirname(omnihvd.__file__) != sys.argv[1])' \
+    "$ROOT/omnihvd") 2>/dev/null && [ -x "$VENV/bin/omnihvd" ] ||
     "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT" || die "pip install -e . failed" "see pip's message above"
 
 "$VENV/bin/omnihvd" doctor --quiet || die "omnihvd doctor found a problem" "run .venv/bin/omnihvd doctor and follow its fixes"
