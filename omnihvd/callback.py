@@ -39,6 +39,49 @@ def _digest(sizes) -> float:
     return float(zlib.crc32(",".join(str(int(b)) for b in sizes).encode()))
 
 
+def _checked_state(state):
+    """The fields of a callback state_dict, validated; ConfigError names what is wrong."""
+    def bad(what):
+        return ConfigError("not a valid OmniLearnCallback state_dict: %s" % what)
+
+    if not isinstance(state, dict):
+        raise bad("expected a dict, got %s" % type(state).__name__)
+    for key in ("global_batch_size", "num_ranks", "step", "batch_sizes"):
+        if key not in state:
+            raise bad("missing %r" % key)
+
+    def whole(key, value, minimum):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise bad("%s must be an int >= %d, got %r" % (key, minimum, value))
+        return value
+
+    B = whole("global_batch_size", state["global_batch_size"], 1)
+    n = whole("num_ranks", state["num_ranks"], 1)
+    step = whole("step", state["step"], 0)
+    whole("epoch", state.get("epoch", 0), 0)
+
+    def split(key, value, width):
+        if not isinstance(value, (list, tuple)) or len(value) != width:
+            raise bad("%s must be a list of %d ints, got %r" % (key, width, value))
+        return [whole(key, b, 1) for b in value]
+
+    sizes = split("batch_sizes", state["batch_sizes"], n)
+    changes = state.get("changes", [])
+    if sum(sizes) != B:
+        raise bad("batch_sizes %r do not sum to its global_batch_size %d" % (sizes, B))
+    if not isinstance(changes, (list, tuple)) or not all(
+            isinstance(c, (list, tuple)) and len(c) == 2 for c in changes):
+        raise bad("changes must be a list of (step, sizes) pairs, got %r" % (changes,))
+    changes = [(whole("changes step", s, 0), split("changes sizes", v, n)) for s, v in changes]
+    if any(sum(v) != B for _, v in changes):
+        raise bad("a scheduled split in changes does not sum to global_batch_size %d: %r"
+                  % (B, changes))
+    caps = state.get("max_batch_size")
+    if caps is not None:
+        caps = split("max_batch_size", caps, n)
+    return B, n, step, sizes, changes, caps
+
+
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError("%s must be an int >= %d, got %r" % (name, minimum, value))
@@ -146,7 +189,9 @@ class OmniLearnCallback:
         if timing not in SUMMARIES:
             raise ConfigError("timing must be one of %s, got %r" % (", ".join(SUMMARIES), timing))
         self.global_batch_size = B
-        self.nonblocking = bool(nonblocking)
+        if not isinstance(nonblocking, bool):
+            raise ConfigError("nonblocking must be True or False, got %r" % (nonblocking,))
+        self.nonblocking = nonblocking
         self.controller = Controller(self.num_ranks, B, policy=policy, gain=gain,
                                      deadband=deadband, min_batch_size=min_batch_size,
                                      max_batch_size=max_batch_size)
@@ -441,8 +486,8 @@ class OmniLearnCallback:
         """
         from .errors import InfeasibleError
 
-        if not 0 < shrink < 1:
-            raise ConfigError("shrink must be in (0, 1), got %r" % (shrink,))
+        if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0 < shrink < 1:
+            raise ConfigError("shrink must be a number in (0, 1), got %r" % (shrink,))
         size = (self._step_sizes or self.batch_sizes)[self.rank]
         floor = int(self.controller.lo[self.rank])
         if size <= floor:
@@ -487,28 +532,25 @@ class OmniLearnCallback:
         Raises:
             ConfigError: the checkpoint has another global batch size, or is malformed.
         """
-        try:
-            B, n, step = state["global_batch_size"], state["num_ranks"], int(state["step"])
-            sizes = [int(b) for b in state["batch_sizes"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError("not an OmniLearnCallback state_dict (%s)" % exc) from exc
+        B, n, step, sizes, changes, caps = _checked_state(state)
         if B != self.global_batch_size:
             raise ConfigError("checkpoint has global_batch_size %d but this run has %d; resume "
                               "with the same global batch" % (B, self.global_batch_size))
         if self._started:
             raise ConfigError("load_state_dict must be called before on_train_begin")
-        self.step, self.epoch = step, int(state.get("epoch", 0))
+        self.step, self.epoch = step, state.get("epoch", 0)
         self._issued, self._issued_upto, self._max_lookahead = {}, step - 1, -1
         if n == self.num_ranks:
             if sum(sizes) != B or any(not lo <= b <= hi for b, lo, hi in zip(
                     sizes, self.controller.lo, self.controller.hi)):
                 sizes = apportion(sizes, B, self.controller.lo, self.controller.hi)
-            caps = state.get("max_batch_size")
             if caps is not None:  # memory caps learned from out-of-memory errors
-                self.controller.set_bounds(self.controller.lo,
-                                           self.controller.hi.clip(max=[int(c) for c in caps]))
+                self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
                 self._cap = int(self.controller.hi[self.rank])
-            self._changes = [(step, sizes)] + [(int(s), list(v)) for s, v in state.get("changes", [])]
+            lo, hi = self.controller.lo, self.controller.hi
+            self._changes = [(step, sizes)] + [
+                (s, v if sum(v) == B and all(l <= b <= h for b, l, h in zip(v, lo, hi))
+                 else apportion(v, B, lo, hi)) for s, v in changes if s > step]
             self.controller.load_state_dict(state.get("controller", {}))
         else:
             self._changes = [(step, list(self._options["initial_batch_sizes"]))]

@@ -145,6 +145,10 @@ def make_comm(comm=None, *, rank: int, size: int):
         comm = MPIComm() if hvd.mpi_enabled() else HorovodComm()
     elif hasattr(comm, "Get_rank") and hasattr(comm, "Dup"):
         comm = MPIComm(comm)
+    elif not all(hasattr(comm, a) for a in ("rank", "size", "allgather", "iallgather",
+                                              "allgather_object")):
+        raise ConfigError("comm must be None, an mpi4py communicator, or an object with rank, "
+                          "size, allgather, iallgather and allgather_object; got %r" % (comm,))
     if comm.rank != rank or comm.size != size:
         raise ConfigError(
             "the communicator has rank %d of %d but Horovod has rank %d of %d; pass the "

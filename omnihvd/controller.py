@@ -510,12 +510,30 @@ class Controller:
                 "valid": [v.tolist() for v in self._valid]}
 
     def load_state_dict(self, state):
-        """Restore history; history of a different rank count is dropped (not valid)."""
-        sizes = [np.asarray(s, dtype=np.int64) for s in state.get("sizes", [])]
-        if sizes and sizes[0].size != self.num_ranks:
+        """Restore the measured history saved by :meth:`state_dict`.
+
+        Raises:
+            ConfigError: malformed state (not a dict, ragged or non-numeric history, or
+                a history of another number of ranks: call :meth:`forget` instead).
+        """
+        if not isinstance(state, dict):
+            raise ConfigError("Controller state must be a dict, got %s" % type(state).__name__)
+        try:
+            sizes = np.asarray(state.get("sizes", []), dtype=np.int64)
+            times = np.asarray(state.get("times", []), dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("Controller state has a malformed history (%s)" % exc) from exc
+        if sizes.size == 0:
             self.forget()
             return
+        if sizes.ndim != 2 or sizes.shape != times.shape:
+            raise ConfigError("Controller state history must be two (rounds, ranks) tables of "
+                              "equal shape, got %s and %s" % (sizes.shape, times.shape))
+        if sizes.shape[1] != self.num_ranks:
+            raise ConfigError("Controller state has a history of %d ranks, this controller has "
+                              "%d" % (sizes.shape[1], self.num_ranks))
+        sizes = list(sizes)
         self._sizes = sizes[-self.history:]
-        self._times = [np.asarray(t, dtype=np.float64) for t in state.get("times", [])][-self.history:]
+        self._times = list(times)[-self.history:]
         valid = state.get("valid") or [[True] * self.num_ranks for _ in self._sizes]
         self._valid = [np.asarray(v, dtype=bool) for v in valid][-self.history:]

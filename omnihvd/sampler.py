@@ -41,8 +41,14 @@ class StaticSchedule:
     """
 
     def __init__(self, batch_sizes, rank: int = 0):
-        self.batch_sizes = [int(b) for b in batch_sizes]
-        self.rank = int(rank)
+        if not isinstance(batch_sizes, (list, tuple)) or not batch_sizes or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
+            raise ConfigError("batch_sizes must be a non-empty list of ints >= 1, got %r"
+                              % (batch_sizes,))
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(batch_sizes):
+            raise ConfigError("rank must be an int in [0, %d), got %r" % (len(batch_sizes), rank))
+        self.batch_sizes = list(batch_sizes)
+        self.rank = rank
         self.num_ranks = len(self.batch_sizes)
         self.global_batch_size = sum(self.batch_sizes)
         self.current_step = 0
@@ -89,6 +95,9 @@ class HeterogeneousBatchSampler(Sampler):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 62:
             raise ConfigError("seed must be an int in [0, 2**62) (the same on every rank), got %r"
                               % (seed,))
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise ConfigError("%s must be True or False, got %r" % (name, flag))
         if num_samples < schedule.global_batch_size:
             raise ConfigError("the dataset has %d samples, fewer than global_batch_size %d: not "
                               "even one step fits; lower global_batch_size"
@@ -173,15 +182,19 @@ class HeterogeneousBatchSampler(Sampler):
             ConfigError: the checkpoint was made with another dataset length, seed or
                 global batch size, so positions would not mean the same samples.
         """
+        if not isinstance(state, dict):
+            raise ConfigError("not a HeterogeneousBatchSampler state_dict: expected a dict, got %s"
+                              % type(state).__name__)
         for key in ("num_samples", "seed", "global_batch_size"):
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError("sampler checkpoint has %s=%r but this run has %r; resume with "
                                   "the same dataset, seed and global batch size"
                                   % (key, state[key], getattr(self, key)))
-        try:
-            step, epoch = int(state["step_in_epoch"]), int(state["epoch"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError("not a HeterogeneousBatchSampler state_dict (%r)" % (exc,)) from exc
+        step, epoch = state.get("step_in_epoch"), state.get("epoch")
+        for key, value in (("step_in_epoch", step), ("epoch", epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError("not a HeterogeneousBatchSampler state_dict: %s must be an int "
+                                  ">= 0, got %r" % (key, value))
         if not 0 <= step <= self.steps_per_epoch:
             raise ConfigError("sampler checkpoint position %d is outside the epoch (0..%d)"
                               % (step, self.steps_per_epoch))

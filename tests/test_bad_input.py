@@ -150,7 +150,7 @@ def test_cli_unknown_choice_names_the_value_and_the_choices(capsys):
 
 # Accepted today, or failing with an error other than omnihvd's; each names the fix.
 CALLBACK, SAMPLER = "omnihvd/callback.py", "omnihvd/sampler.py"
-GAPS = [
+REJECTED = [
     ("nonblocking-str", lambda: callback(nonblocking="no"),
      CALLBACK + ": 'no' is truthy; require a bool"),
     ("comm-int", lambda: callback(comm=42),
@@ -190,6 +190,9 @@ GAPS = [
     ("static-fractional", lambda: StaticSchedule([2.5, 2]),
      SAMPLER + " StaticSchedule: int(2.5) truncates"),
     ("static-rank", lambda: StaticSchedule([2, 2], rank=5), SAMPLER + " StaticSchedule: no checks"),
+]
+
+GAPS = [
     ("level-int", lambda: emulate.level_speeds(5), "omnihvd/emulate.py level_speeds: AttributeError"),
     ("model-width-0", lambda: models.build_model("cnn", width=0),
      "omnihvd/models.py: width 0 builds a model that fails at its first forward"),
@@ -200,6 +203,15 @@ GAPS = [
     ("ideal-step-lengths", lambda: telemetry.ideal_step_time([1, 2], [1.0]),
      "omnihvd/telemetry.py ideal_step_time: zip() drops the unmatched rank"),
 ]
+
+
+@pytest.mark.parametrize("call", [call for _, call, _ in REJECTED], ids=[g[0] for g in REJECTED])
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_malformed_state_and_flags_are_rejected(call):
+    # Gaps found by this file and since fixed in callback.py, comm.py, sampler.py and
+    # controller.py: each raises an omnihvd ValueError naming the value.
+    with pytest.raises(OmniHvdError):
+        call()
 
 
 @pytest.mark.parametrize("call", [pytest.param(call, marks=pytest.mark.xfail(strict=True, reason=reason))

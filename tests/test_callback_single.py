@@ -317,10 +317,11 @@ def test_checkpoint_of_another_rank_count_is_re_split():
     assert cb.controller.model() is None  # another world's timings are dropped
 
 
-def test_checkpoint_with_an_invalid_split_is_re_apportioned():
+def test_checkpoint_whose_split_does_not_sum_to_its_batch_is_rejected():
     _, _, cb = build()
-    cb.load_state_dict({"global_batch_size": B, "num_ranks": 1, "step": 3, "batch_sizes": [7]})
-    assert cb.step == 3 and cb.batch_sizes == [B]
+    with pytest.raises(ConfigError, match="do not sum"):
+        cb.load_state_dict({"global_batch_size": B, "num_ranks": 1, "step": 3, "batch_sizes": [7]})
+    assert cb.step == 0
 
 
 def test_checkpoint_with_another_global_batch_is_a_config_error():

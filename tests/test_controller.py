@@ -479,9 +479,11 @@ def test_controller_state_dict_round_trip():
     restored.load_state_dict(ctl.state_dict())
     times = predict_step_times(truth, b1)
     assert restored.decide(b1, times) == ctl.decide(b1, times) == solve_time_model(truth, 300)
-    # A checkpoint from another rank count is not valid history: dropped.
+    # A checkpoint from another rank count is not valid history: rejected (callers
+    # resuming on another rank count call forget() instead).
     other = Controller(2, 300)
-    other.load_state_dict(ctl.state_dict())
+    with pytest.raises(ConfigError, match="history of 3 ranks"):
+        other.load_state_dict(ctl.state_dict())
     assert other.model() is None
     ctl.forget()
     assert ctl.model() is None
