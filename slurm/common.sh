@@ -4,9 +4,9 @@
 # It reads site.sh, runs omnihvd_site_env (modules, Python environment), exports the
 # per-rank thread count, and defines the helpers the templates call.
 
-# The directory of this file. Found through BASH_SOURCE: the batch script itself runs
-# from a copy in Slurm's spool folder, so the template finds this file through
-# OMNIHVD_SLURM_DIR (exported by submit.sh) or the submission folder.
+# This file's folder. (Templates find this file through OMNIHVD_SLURM_DIR, exported by
+# submit.sh, or the submission folder: a batch script runs from a copy in Slurm's
+# spool folder, so it cannot use its own path.)
 OMNIHVD_SLURM_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OMNIHVD_ROOT="${OMNIHVD_ROOT:-$(dirname "$OMNIHVD_SLURM_DIR")}"
 export OMNIHVD_SLURM_DIR OMNIHVD_ROOT

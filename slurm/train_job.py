@@ -170,6 +170,9 @@ def main(argv=None):
     if checkpointed:
         sys.stdout.flush()
         sys.exit(REQUEUE_EXIT)
+    # CPU seconds of each rank's process (start-up included): the job's real cost
+    # on a shared machine, where wall time mostly measures the neighbours.
+    cpu_seconds = hvd.allgather_object(round(time.process_time(), 2))
     if rank == 0:
         decisions = report_decisions(cb)
         sizes_by_node = {}
@@ -179,7 +182,7 @@ def main(argv=None):
             "world_size": size, "nodes": nodes, "steps": int(cb.step),
             "batch_sizes": [int(b) for b in cb.batch_sizes], "sizes_by_node": sizes_by_node,
             "decisions": decisions, "first_loss": first_loss, "last_loss": last_loss,
-            "restart": restart, "resumed_from": resumed_from}))
+            "restart": restart, "resumed_from": resumed_from, "cpu_seconds": cpu_seconds}))
     return 0
 
 

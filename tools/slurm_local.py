@@ -33,7 +33,8 @@ import subprocess
 import sys
 import time
 
-__all__ = ["install", "start", "stop", "environment", "node_names", "PACKAGES"]
+__all__ = ["install", "start", "stop", "environment", "node_names", "node_states",
+           "missing_commands", "ClusterError", "PACKAGES"]
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 COMMANDS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
@@ -147,13 +148,17 @@ def environment(folder):
     """Environment variables for clients and jobs of the cluster in ``folder``.
 
     Besides SLURM_CONF: OpenMPI must use TCP between the two virtual nodes (its
-    shared-memory transport crashes when two "nodes" share one host), and needs the
+    shared-memory transport crashes when two "nodes" share one host), must yield
+    idle cores (the nodes declare more CPUs than there are), and needs the
     run-as-root permission since the daemons run as root. These are quirks of this
     test cluster, so they live here and not in the templates.
     """
     folder = os.path.abspath(folder)
     env = {"SLURM_CONF": os.path.join(folder, "slurm.conf"),
-           "OMPI_MCA_btl": "self,tcp"}
+           "OMPI_MCA_btl": "self,tcp",
+           # Nodes declare more CPUs than the host has: waiting ranks must yield the
+           # core instead of spinning (mpirun --oversubscribe does the same).
+           "OMPI_MCA_mpi_yield_when_idle": "1"}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
