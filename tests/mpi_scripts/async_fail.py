@@ -39,7 +39,9 @@ def main():
         cb = AsyncOmniLearnCallback(model, global_batch_size=batch, lr=0.01,
                                     num_servers=num_servers, balance=False, idle_timeout=300)
     except OmniHvdError as exc:
-        print("rank %d: ERROR %s: %s" % (rank, type(exc).__name__, exc), flush=True)
+        # One write per line: ranks' output must not interleave within a line.
+        sys.stdout.write("rank %d: ERROR %s: %s\n" % (rank, type(exc).__name__, exc))
+        sys.stdout.flush()
         return
     with cb:
         if cb.is_server:
