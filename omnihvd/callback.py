@@ -31,7 +31,7 @@ __all__ = ["OmniLearnCallback"]
 log = logging.getLogger("omnihvd")
 
 # Columns of the per-adjustment allgather payload.
-_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST, _CAP = range(6)
+_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST, _CAP, _ERROR = range(7)
 
 
 def _digest(sizes) -> float:
@@ -397,7 +397,8 @@ class OmniLearnCallback:
             payload = [self._window.summary(), len(self._window),
                        (self._window_sizes or self.batch_sizes)[self.rank],
                        max(self._max_lookahead, self._issued_upto - self.step),
-                       _digest(self._window_sizes or self.batch_sizes), self._cap]
+                       _digest(self._window_sizes or self.batch_sizes), self._cap,
+                       self._window.standard_error()]
             self._window.reset(settle=False)  # each adjustment sees only fresh steps
             if self.nonblocking:
                 self._pending = self._comm.iallgather(payload)
@@ -444,7 +445,10 @@ class OmniLearnCallback:
             record["caps"] = self.controller.hi.tolist()
         valid = all(t == t and t > 0 for t in record["times"]) and min(record["samples"]) > 0
         if valid:
-            new = self.controller.decide(sizes, times)
+            # The noise gate needs robust spreads; "mean" timing (the reference
+            # implementation's) runs without it.
+            errors = gathered[:, _ERROR] if self._options["timing"] == "median" else None
+            new = self.controller.decide(sizes, times, errors)
         elif capped:  # no usable timing, but the split must respect the new caps now
             new = apportion(self._changes[-1][1], self.global_batch_size,
                             self.controller.lo, self.controller.hi)

@@ -430,6 +430,10 @@ class Controller:
         policy: ``"affine"`` (default) or ``"proportional"``.
         gain, deadband, min_batch_size, max_batch_size: as in :func:`rebalance`.
         history: how many past (sizes, times) rounds the affine fit uses.
+        max_step_ratio: no rank's size grows or shrinks by more than this factor in
+            one decision (default 4).
+        significance: with ``errors`` given to :meth:`decide`, how many standard
+            errors apart the slowest and fastest rank must be to act (default 3).
         change_tolerance: a rank whose new time differs from the model's prediction
             by more than this fraction has changed speed (noisy neighbour, throttling,
             new hardware): its older measurements are dropped from the fit.
@@ -442,7 +446,8 @@ class Controller:
     """
 
     def __init__(self, num_ranks, global_batch_size, *, policy="affine", gain=1.0, deadband=0.0,
-                 min_batch_size=1, max_batch_size=None, history=8, change_tolerance=0.25):
+                 min_batch_size=1, max_batch_size=None, history=8, change_tolerance=0.25,
+                 max_step_ratio=4, significance=3.0):
         self.num_ranks = _check_int("num_ranks", num_ranks, 1)
         self.global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
         if policy not in POLICIES:
@@ -452,6 +457,8 @@ class Controller:
         self.deadband = _check_float("deadband", deadband, 0.0)
         self.history = _check_int("history", history, 2)
         self.change_tolerance = _check_float("change_tolerance", change_tolerance, 0.0, strict=True)
+        self.max_step_ratio = _check_int("max_step_ratio", max_step_ratio, 2)
+        self.significance = _check_float("significance", significance, 0.0)
         self.set_bounds(min_batch_size, max_batch_size)
         self.forget()
 
@@ -489,20 +496,44 @@ class Controller:
         return fit_time_model(np.stack(self._sizes), np.stack(self._times),
                               mask=np.stack(self._valid))
 
-    def decide(self, batch_sizes, times) -> list:
-        """Record ``times`` measured at ``batch_sizes`` and return the next sizes."""
+    def decide(self, batch_sizes, times, errors=None) -> list:
+        """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
+
+        Args:
+            batch_sizes, times: this round's sizes and measured local step times.
+            errors: optional standard error of each time (from the window's spread).
+                When the slowest and the fastest rank differ by less than
+                ``significance`` standard errors, the sizes are kept: the difference
+                is noise, and chasing it would only shuffle samples around.
+
+        No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
+        noisy round cannot throw a rank to an extreme.
+        """
         self.observe(batch_sizes, times)
-        b = self._sizes[-1]
+        b, t = self._sizes[-1], self._times[-1]
+        B = self.global_batch_size
+        valid = int(b.sum()) == B and np.all(b >= self.lo) and np.all(b <= self.hi)
+        if valid and errors is not None and not self._significant(t, errors):
+            return b.tolist()
+        lo, hi = self.lo, self.hi
+        if valid:  # trust region; feasible because b itself lies inside it
+            lo = np.maximum(lo, -(-b // self.max_step_ratio))
+            hi = np.minimum(hi, b * self.max_step_ratio)
         if self.policy == "proportional":
-            new = rebalance(b, self._times[-1], self.global_batch_size, min_batch_size=self.lo,
-                            max_batch_size=self.hi, gain=self.gain, deadband=0.0)
+            new = rebalance(b, t, B, min_batch_size=lo, max_batch_size=hi, gain=self.gain,
+                            deadband=0.0)
         else:
-            new = solve_time_model(self.model(), self.global_batch_size,
-                                   min_batch_size=self.lo, max_batch_size=self.hi)
+            new = solve_time_model(self.model(), B, min_batch_size=lo, max_batch_size=hi)
             if self.gain != 1.0:  # partial step towards the solved split
-                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), self.global_batch_size,
-                                self.lo, self.hi)
-        return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband)
+                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), B, lo, hi)
+        return _deadband(b, new, B, self.lo, self.hi, self.deadband)
+
+    def _significant(self, t, errors) -> bool:
+        e = np.asarray(errors, dtype=np.float64)
+        if e.shape != t.shape or not np.all(np.isfinite(e) & (e >= 0)):
+            raise ConfigError("errors must be one finite value >= 0 per rank, got %r" % (errors,))
+        slow, fast = int(np.argmax(t)), int(np.argmin(t))
+        return t[slow] - t[fast] > self.significance * math.sqrt(e[slow] ** 2 + e[fast] ** 2)
 
     def state_dict(self):
         return {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],

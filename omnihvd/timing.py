@@ -106,6 +106,26 @@ class TimingWindow:
         """The robust step time of the window; NaN when it holds no sample."""
         return robust_step_time(self._samples, self.method) if self._samples else float("nan")
 
+    def standard_error(self) -> float:
+        """Standard error of :meth:`summary` from the window's spread (robust: MAD).
+
+        0.0 with fewer than 3 samples (too few to judge noise), NaN with none.
+
+        >>> w = TimingWindow(settle_steps=0)
+        >>> for s in [1.0, 1.1, 0.9, 1.0]: _ = w.add(s)
+        >>> round(w.standard_error(), 4)
+        0.0465
+        """
+        n = len(self._samples)
+        if n == 0:
+            return float("nan")
+        if n < 3:
+            return 0.0
+        x = np.asarray(self._samples)
+        sigma = 1.4826 * float(np.median(np.abs(x - np.median(x))))
+        factor = 1.2533 if self.method == "median" else 1.0  # efficiency of the median
+        return factor * sigma / math.sqrt(n)
+
     def __len__(self):
         return len(self._samples)
 

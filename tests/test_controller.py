@@ -279,8 +279,8 @@ def test_gain_one_lands_on_proportional_split(split, data):
     assume(np.all(ideal >= 1.0))
     times = np.array(sizes) / speed  # exactly linear: t_i = b_i / s_i
     for out in (rebalance(sizes, times, B),
-                Controller(n, B, policy="proportional").decide(sizes, times),
-                Controller(n, B, policy="affine").decide(sizes, times)):
+                Controller(n, B, policy="proportional", max_step_ratio=1000).decide(sizes, times),
+                Controller(n, B, policy="affine", max_step_ratio=1000).decide(sizes, times)):
         assert sum(out) == B
         assert np.all(np.abs(np.array(out) - ideal) < 1.0 + 1e-9), (out, ideal.tolist())
         # Largest remainder: each size is the floor or the ceiling of its ideal share.
@@ -338,7 +338,7 @@ def test_affine_controller_lands_in_one_more_step(data):
     frac = np.array(data.draw(st.lists(st.floats(0.0, 0.8), min_size=n, max_size=n)))
     a = frac * c * B / n  # fixed cost up to 80% of the variable cost of an equal share
     truth = TimeModel(a, c)
-    ctl = Controller(n, B)
+    ctl = Controller(n, B, max_step_ratio=1000)  # exact recovery: no trust region
     b0 = apportion([1] * n, B)
     b1 = ctl.decide(b0, predict_step_times(truth, b0))
     # Exact recovery needs sizes spread by 10% on every rank and unclamped intercepts.
@@ -539,3 +539,17 @@ def test_affine_controller_drops_history_of_a_rank_whose_speed_changed():
     # and stays there (a fit mixing old and new speeds would not land on target).
     assert history[1] == target and history[2] == target, (history, target)
     assert not ctl._valid[0][0]
+
+
+def test_trust_region_limits_one_decision_to_a_factor_of_four():
+    # Rank 0 measured 100x slower (a noisy round): it may shrink at most 4x at once.
+    new = Controller(4, 128).decide([32, 32, 32, 32], [100.0, 1.0, 1.0, 1.0])
+    assert new[0] >= 8 and all(b <= 128 for b in new) and sum(new) == 128
+
+
+def test_differences_within_the_noise_keep_the_sizes():
+    ctl = Controller(3, 60)
+    # 10% apart but each known only to +-10%: not significant at 3 standard errors.
+    assert ctl.decide([20, 20, 20], [1.0, 1.05, 1.1], errors=[0.1, 0.1, 0.1]) == [20, 20, 20]
+    # The same times known to +-1%: significant, so the split moves.
+    assert ctl.decide([20, 20, 20], [1.0, 1.05, 1.1], errors=[0.01, 0.01, 0.01]) != [20, 20, 20]
