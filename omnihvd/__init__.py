@@ -19,6 +19,7 @@ __all__ = [
     "OmniLearnCallback",
     "HeterogeneousBatchSampler",
     "StaticSchedule",
+    "AsyncOmniLearnCallback",
     "controller",
     "timing",
     "errors",
@@ -36,6 +37,10 @@ def __getattr__(name):
         from .callback import OmniLearnCallback
 
         return OmniLearnCallback
+    if name == "AsyncOmniLearnCallback":
+        from .asynchronous import AsyncOmniLearnCallback
+
+        return AsyncOmniLearnCallback
     if name in ("HeterogeneousBatchSampler", "StaticSchedule"):
         from . import sampler
 
