@@ -30,6 +30,7 @@ rank prints ``RANK r ERROR <type>: <message>`` (or ``RANK r NO ERROR``).
 """
 import json
 import math
+import sys
 
 import torch
 import horovod.torch as hvd
@@ -93,9 +94,11 @@ def mismatched_checkpoints():
                         "batch_sizes": [8, 8, 8]})
     try:
         cb.on_train_begin()
-        print("RANK %d NO ERROR" % rank, flush=True)
+        line = "RANK %d NO ERROR\n" % rank
     except ValueError as exc:
-        print("RANK %d ERROR %s: %s" % (rank, type(exc).__name__, exc), flush=True)
+        line = "RANK %d ERROR %s: %s\n" % (rank, type(exc).__name__, exc)
+    sys.stdout.write(line)  # one write: print() writes the text and its newline apart
+    sys.stdout.flush()
 
 
 def main():
