@@ -54,7 +54,7 @@ def main():
     if args.checkpoint and os.path.exists(args.checkpoint):
         state = torch.load(args.checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
-        base.load_state_dict(state["optimizer"])
+        opt.load_state_dict(state["optimizer"])        # Horovod's optimizer holds the state
         cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
         sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
         start_epoch = state["sampler"]["epoch"]
@@ -85,7 +85,7 @@ def main():
                   % (epoch, time.perf_counter() - t0, acc, cb.batch_sizes,
                      1000 * cb.overhead_per_step), flush=True)
         if args.checkpoint and hvd.rank() == 0:
-            torch.save({"model": model.state_dict(), "optimizer": base.state_dict(),
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
                        args.checkpoint)
     cb.on_train_end()

@@ -237,6 +237,7 @@ class OmniLearnCallback:
         self._window_sizes: Optional[List[int]] = None
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
+        self._samplers = []
         self._started = False
         self._drop_sample = False
         self._warned_sync = False
@@ -267,7 +268,14 @@ class OmniLearnCallback:
             len(shapes), sum(int(p.numel()) for p in self._model.parameters()),
             zlib.crc32(repr(shapes).encode()))
         fp["resume"] = (self.step, self.batch_sizes)
+        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last) for s in self._samplers]
         return fp
+
+    def register_sampler(self, sampler):
+        """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
+        seed, shuffle and drop_last join the cross-rank check at ``on_train_begin``
+        (ranks with different seeds would silently repeat and skip samples)."""
+        self._samplers.append(sampler)
 
     # ------------------------------------------------------------ schedule
     @property

@@ -41,7 +41,13 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 2
-    return int(_load(args.command).run(args) or 0)
+    from .errors import OmniHvdError
+
+    try:
+        return int(_load(args.command).run(args) or 0)
+    except OmniHvdError as exc:  # bad input: a message, not a traceback
+        print("omnihvd %s: %s" % (args.command, exc), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

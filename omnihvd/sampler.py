@@ -108,6 +108,8 @@ class HeterogeneousBatchSampler(Sampler):
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.epoch = 0
+        if hasattr(schedule, "register_sampler"):  # lets the callback check ranks agree
+            schedule.register_sampler(self)
         self._resume_step = 0      # step of the epoch to start from (after a resume)
         self._epoch_base: Optional[int] = None  # global step of the epoch's step 0
 

@@ -145,14 +145,6 @@ CASES = [
      "level", "'100:HL9'"),
     ("schedule-period-float", lambda: emulate.parse_schedule("dynamic:2.5"), ConfigError,
      "period", "'dynamic:2.5'"),
-    # command line
-    ("cli-simulate-ranks", lambda: cli.main(["simulate", "--ranks", "0", "--steps", "5"]),
-     ConfigError, "ranks", "0"),
-    ("cli-simulate-gain", lambda: cli.main(["simulate", "--ranks", "2", "--steps", "5",
-                                            "--gain", "-1"]), ConfigError, "gain", "-1.0"),
-    ("cli-simulate-bounds", lambda: cli.main(["simulate", "--ranks", "2", "--steps", "5",
-                                              "--min-batch-size", "4", "--max-batch-size", "2"]),
-     ConfigError, "min_batch_size 4", "max_batch_size 2"),
 ]
 
 
@@ -165,6 +157,21 @@ def test_bad_value_is_a_value_error_naming_it(call, error, option, value, tmp_pa
     assert isinstance(info.value, ValueError) and isinstance(info.value, OmniHvdError)
     message = str(info.value)
     assert option in message and value in message, message
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv,option,value", [
+    (["simulate", "--ranks", "0", "--steps", "5"], "ranks", "0"),
+    (["simulate", "--ranks", "2", "--steps", "5", "--gain", "-1"], "gain", "-1.0"),
+    (["simulate", "--ranks", "2", "--steps", "5", "--min-batch-size", "4", "--max-batch-size",
+      "2"], "min_batch_size 4", "max_batch_size 2"),
+])
+def test_cli_bad_value_is_a_message_naming_it_and_exit_2(argv, option, value, tmp_path,
+                                                         monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # `omnihvd simulate` must fail before writing anything
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("omnihvd simulate: ") and option in err and value in err, err
     assert os.listdir(tmp_path) == []
 
 

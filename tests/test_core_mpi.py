@@ -45,6 +45,7 @@ def test_sizes_converge_to_the_proportional_split(policy):
     ("bad-option-one-rank", "adjust_every"),
     ("batch-mismatch", "global_batch_size"),
     ("model-mismatch", "model"),
+    ("sampler-seed-mismatch", "samplers"),
 ])
 def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle):
     # One rank's mistake must surface as a ValueError on all ranks, never as a hang.

@@ -1,6 +1,7 @@
 """Bad or inconsistent configuration under mpirun: every rank raises, nobody hangs.
 
-Usage: core_config.py SCENARIO   (bad-option-one-rank | batch-mismatch | model-mismatch)
+Usage: core_config.py SCENARIO
+  (bad-option-one-rank | batch-mismatch | model-mismatch | sampler-seed-mismatch)
 Each rank prints "RANK r ERROR <type>: <message>" or "RANK r NO ERROR".
 """
 import sys
@@ -24,6 +25,8 @@ if scenario == "batch-mismatch" and rank == 2:
     kwargs["global_batch_size"] = 64
 try:
     cb = omnihvd.OmniLearnCallback(model, opt, **kwargs)
+    seed = 1 if scenario == "sampler-seed-mismatch" and rank == 1 else 0
+    sampler = omnihvd.HeterogeneousBatchSampler(480, cb, seed=seed)
     cb.on_train_begin()
     print("RANK %d NO ERROR" % rank, flush=True)
 except ValueError as exc:
