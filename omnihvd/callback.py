@@ -32,6 +32,8 @@ log = logging.getLogger("omnihvd")
 
 # Columns of the per-adjustment allgather payload.
 _TIME, _COUNT, _SIZE, _AHEAD, _DIGEST, _CAP, _ERROR = range(7)
+PAYLOAD_FIELDS = 7  # float64 per rank per adjustment: time, samples, size, look-ahead,
+#                     digest of the sizes, memory cap, standard error of the time
 
 
 def _digest(sizes) -> float:

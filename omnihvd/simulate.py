@@ -72,9 +72,8 @@ DYNAMIC_SCHEDULE = ("hl1", "hl2", "hl4", "hl8", "hl4", "hl2", "hl1")
 PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
 REFERENCE_CORES = 12  # relative speed 1.0
 
-# Float64 fields each rank contributes to the callback's timing allgather: summary
-# time, sample count, batch size, sampler look-ahead, size digest (callback.py).
-SUMMARY_FIELDS = 5
+# Float64 fields each rank contributes to the callback's timing allgather.
+from .callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
 WINDOWS = ("adjustment", "change")
 
 
