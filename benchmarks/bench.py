@@ -249,6 +249,7 @@ class Bench:
             return None
         return {"variant": variant, "label": label, "step_s": step_s, "t": clock, "evals": evals,
                 "adjust_every": cb.adjust_every if cb is not None else None,
+                "decisions": list(cb.history) if cb is not None else [],
                 "sizes": np.array([g["sizes"] for g in gathered]).T,
                 "local": np.array([g["local"] for g in gathered]).T,
                 "hooks": np.array([g["hooks"] for g in gathered]).T,
@@ -263,6 +264,8 @@ def write_log(path, record, meta):
                      times=record["local"][k], hooks_s=float(record["hooks"][k].max()))
         for e in record["evals"]:
             log.event("eval", e["step"], t=e["t"], accuracy=e["accuracy"])
+        for d in record.get("decisions", []):   # the callback's own record of each decision
+            log.event("decision", d["step"], **{k: v for k, v in d.items() if k != "step"})
     return telemetry.read_log(path)["steps"]
 
 
@@ -462,6 +465,17 @@ TARGET_COLUMNS = [("target", "target", "%s"), ("level", "level", "%s"),
                   ("met", "met", "%s")]
 
 
+def code_version():
+    """The git commit of the code measured (``+dirty`` with uncommitted changes), if known."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=HERE,
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def save(args, rows, tta, started, complete, sample_cost=None):
     """Write results/<name>.json and, when complete, results/<name>.md (the tables)."""
     path = os.path.join(args.out, args.name + ".json")
@@ -470,6 +484,7 @@ def save(args, rows, tta, started, complete, sample_cost=None):
            "command": "mpirun -np %d %s %s" % (hvd.size(), os.path.relpath(__file__),
                                               " ".join(sys.argv[1:])),
            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
+           "code": code_version(),
            "wall_s": time.time() - started,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "torch": torch.__version__, "load_average": os.getloadavg()},
@@ -481,8 +496,8 @@ def save(args, rows, tta, started, complete, sample_cost=None):
     os.replace(path + ".tmp", path)
     if complete:
         with open(os.path.join(args.out, args.name + ".md"), "w") as f:
-            f.write("Command: `%s` (%s, %.0f s, load average at the end %s, emulated sample "
-                    "cost %s ms)\n\n" % (doc["command"], doc["started"], doc["wall_s"],
+            f.write("Command: `%s` (code %s, %s, %.0f s, load average at the end %s, emulated "
+                    "sample cost %s ms)\n\n" % (doc["command"], doc["code"], doc["started"], doc["wall_s"],
                                           "/".join("%.1f" % v for v in os.getloadavg()),
                                           "%.2f" % (sample_cost * 1e3) if sample_cost else "-"))
             for table in ((rows, COLUMNS), (tta, TTA_COLUMNS), (targets, TARGET_COLUMNS)):
