@@ -226,7 +226,7 @@ def _fmt(v, spec="%.3f"):
 
 
 def markdown(doc) -> str:
-    """The Markdown tables of RESULTS_scaling.md from a results document."""
+    """The Markdown tables of RESULTS.md section 2 from a results document."""
     lines = [
         "| ranks | policy | decide ms: wall median / CPU median / CPU min | allgather B | steps / adj. to converge "
         "(noise-free) | 10% noise: steps / adj. to reach 5% | ... to stay within 10% | "
