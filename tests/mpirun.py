@@ -22,8 +22,11 @@ def mpi_env(extra=None):
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-        PYTHONUNBUFFERED="1",
     )
+    # No PYTHONUNBUFFERED: unbuffered, print() writes the text and its newline in two
+    # calls, and mpirun can splice another rank's line between them. Buffered, each
+    # print(..., flush=True) reaches mpirun as whole lines.
+    env.pop("PYTHONUNBUFFERED", None)
     env.update(extra or {})
     return env
 
