@@ -4,15 +4,26 @@ gradient weighting and the sampler together. It owns no math of its own.
 Per step (the indices are global steps, counted across epochs)::
 
     on_batch_begin   sizes for this step -> gradient weight; start the local timer
-    opt.step()       pre-hook: local time ends (synchronize waits for others next)
-    on_batch_end     record the time; every ``adjust_every`` steps post a
-                     non-blocking allgather of [time, samples, size, lookahead,
-                     digest]; one step later complete it, decide (every rank the
-                     same, from the same data), schedule the new sizes for the
-                     first step no rank's sampler has handed out yet
+    opt.step()       pre-hook (the wait boundary): local time ends; at the last
+                     step of each ``adjust_every`` window post the allgather of
+                     [time, samples, size, look-ahead, digest, cap, error]; it
+                     runs beside the gradient synchronisation that follows
+    on_batch_end     complete the gather, decide (every rank the same, from the
+                     same data), schedule the new sizes for the first step no
+                     rank's sampler has handed out yet
 
 A change therefore takes effect at the same step on every rank, also when a
 ``DataLoader`` with workers has already prefetched a few batches.
+
+Why the gather starts and ends inside one step: ranks leave the last step at
+different moments, and the first to exit shuts Horovod down on every rank (when
+``hvd.init()`` initialised MPI, Horovod's background thread also finalises it). A
+gather still open when a rank exits, or an MPI call made by a rank that is still
+in its last ``on_batch_end``, would then use a finalised MPI. The gather is
+therefore posted before the step's gradient synchronisation, on every rank, and
+goes through Horovod's own allgather, which its background thread completes
+before it handles any shutdown; nothing is in flight when the loop ends, whether
+or not it calls :meth:`OmniLearnCallback.on_train_end`.
 """
 import logging
 import os
@@ -110,8 +121,12 @@ class OmniLearnCallback:
             (the paper's controller).
         settle_steps: steps not timed after each size change (default 1).
         timing: ``"median"`` (default, robust) or ``"mean"`` per window.
-        nonblocking: overlap the allgather with the next step (default True).
-        comm: None (automatic), or the mpi4py communicator given to ``hvd.init``.
+        nonblocking: post the allgather at the wait boundary so that it runs beside
+            the step's gradient synchronisation (default True); False posts it in
+            ``on_batch_end`` and waits there.
+        comm: None (Horovod's own allgather: safe at any shutdown order), or the
+            mpi4py communicator given to ``hvd.init(comm=...)`` (then mpi4py owns
+            MPI and finalises it only at its own exit).
         abort_on_exception: when a rank raises an uncaught exception, print it with
             the rank and abort the whole MPI job instead of leaving the other ranks
             waiting in a collective forever (see :mod:`omnihvd.faults`). Default:
@@ -138,6 +153,7 @@ class OmniLearnCallback:
                 opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
                 cb.on_batch_end()
             cb.on_epoch_end(epoch)
+        cb.on_train_end()
     """
 
     def __init__(self, model, optimizer, global_batch_size: int, *,
@@ -375,12 +391,36 @@ class OmniLearnCallback:
         clipping with ``opt.skip_synchronize()``); otherwise omnihvd times up to the
         entry of ``opt.step()`` by itself.
         """
+        self._at_wait_boundary()
+
+    def _at_wait_boundary(self):
+        # This rank's own work for the step is done; next it waits for its peers.
+        # Later calls in the same step (Horovod's step() re-enters the hook) do nothing.
+        if not self._timer.running:
+            return
         self._timer.mark_wait()
+        self._close_step_time()
+        if self.nonblocking and (self.step + 1) % self.adjust_every == 0 and self._pending is None:
+            self._post_gather(steps_done=self.step + 1)
+
+    def _close_step_time(self):
+        local = self._timer.stop()
+        if local is not None and not self._drop_sample:
+            self._window.add(local)
+
+    def _post_gather(self, steps_done):
+        sizes = self._window_sizes or self.batch_sizes
+        payload = [self._window.summary(), len(self._window), sizes[self.rank],
+                   max(self._max_lookahead, self._issued_upto - steps_done),
+                   _digest(sizes), self._cap, self._window.standard_error()]
+        self._window.reset(settle=False)  # each adjustment sees only fresh steps
+        self._pending = self._comm.iallgather(payload)
 
     def _on_step_entry(self, optimizer, args, kwargs):
         # Horovod's step() enters this hook before synchronize() (and once more from
         # the wrapped optimizer's step after it); the timer keeps the first mark.
-        if getattr(optimizer, "_synchronized", False) and not self._timer.marked:
+        if (self._timer.running and not self._timer.marked
+                and getattr(optimizer, "_synchronized", False)):
             # synchronize() already ran and nobody marked the compute end: the time
             # includes waiting for other ranks, so it must not be used.
             self._drop_sample = True
@@ -389,31 +429,22 @@ class OmniLearnCallback:
                 log.warning("omnihvd: rank %d: opt.synchronize() ran before opt.step(), so step "
                             "times include waiting and are dropped; call cb.mark_compute_end() "
                             "just before opt.synchronize() to let omnihvd balance", self.rank)
-        self._timer.mark_wait()
+        self._at_wait_boundary()
 
     def on_batch_end(self, batch=None, logs=None):
         """Record the step's local time; gather, decide and schedule when due."""
-        local = self._timer.stop()
         t0 = time.perf_counter()
-        if local is not None and not self._drop_sample:
-            self._window.add(local)
+        if self._timer.running:  # no wait boundary this step (no opt.step() call)
+            self._timer.mark_wait()
+            self._close_step_time()
         self.step += 1
         self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
         self._max_lookahead = max(self._max_lookahead, self._issued_upto - self.step)
+        if self.step % self.adjust_every == 0 and self._pending is None:
+            self._post_gather(steps_done=self.step)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._decide(pending.wait())
-        if self.step % self.adjust_every == 0:
-            payload = [self._window.summary(), len(self._window),
-                       (self._window_sizes or self.batch_sizes)[self.rank],
-                       max(self._max_lookahead, self._issued_upto - self.step),
-                       _digest(self._window_sizes or self.batch_sizes), self._cap,
-                       self._window.standard_error()]
-            self._window.reset(settle=False)  # each adjustment sees only fresh steps
-            if self.nonblocking:
-                self._pending = self._comm.iallgather(payload)
-            else:
-                self._decide(self._comm.allgather(payload))
         self.overhead_seconds += time.perf_counter() - t0
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,19 +1,26 @@
 """The one module that talks to other ranks.
 
-Everything else receives plain data. Two backends share one small interface:
+Everything else receives plain data. Three backends share one small interface:
 
-* :class:`MPIComm` -- mpi4py on a duplicate of the communicator Horovod runs on (MPI
-  builds; the default). The duplicate keeps our messages apart from Horovod's own
-  traffic on the same ranks. Works whether mpi4py or Horovod initialised MPI first:
-  importing ``mpi4py.MPI`` after ``hvd.init()`` finds MPI initialised and leaves it
-  alone; ``hvd.init()`` after mpi4py reuses mpi4py's initialisation.
-* :class:`HorovodComm` -- Horovod's own allgather, for Gloo-controller and elastic
-  runs where there may be no MPI world at all.
+* :class:`HorovodComm` -- Horovod's own allgather (the default with several ranks,
+  MPI or Gloo, elastic or not). Its background thread runs the gather in order with
+  the gradient allreduces and completes it before it handles a shutdown, so a gather
+  never outlives Horovod. That matters at the end of a run: the first rank to exit
+  shuts Horovod down everywhere, and when ``hvd.init()`` initialised MPI, Horovod's
+  background thread finalises MPI on every rank -- an mpi4py call that a slower rank
+  makes after that crashes the process.
+* :class:`MPIComm` -- mpi4py on a duplicate of a communicator the user passes
+  (``OmniLearnCallback(comm=...)``, the one given to ``hvd.init(comm=...)``). Then
+  mpi4py initialised MPI, Horovod does not finalise it, and mpi4py finalises it only
+  when its own process exits. Needs ``MPI_THREAD_MULTIPLE`` (Horovod's background
+  thread uses MPI at the same time); without it :func:`make_comm` falls back to
+  :class:`HorovodComm` with a warning.
 * :class:`LocalComm` -- one rank, no communication (single-process runs and tests).
 
-The payload per adjustment is a handful of float64 per rank, gathered with a
-non-blocking allgather that overlaps the next training step.
+The payload per adjustment is a handful of float64 per rank, posted where the rank
+starts waiting for its peers and completed at the end of the same step.
 """
+import logging
 import pickle
 from typing import Any, List, Optional
 
@@ -22,6 +29,8 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["MPIComm", "HorovodComm", "LocalComm", "make_comm", "PendingGather"]
+
+log = logging.getLogger("omnihvd")
 
 
 class PendingGather:
@@ -115,7 +124,9 @@ class HorovodComm:
         import torch
 
         row = torch.as_tensor(np.asarray(values, dtype=np.float64).reshape(1, -1))
-        handle = self._hvd.allgather_async(row, name=self._name())
+        # One fixed name: at most one such gather is in flight, and a recurring name
+        # lets Horovod's response cache skip the negotiation.
+        handle = self._hvd.allgather_async(row, name="omnihvd.timing")
         return PendingGather(lambda: self._hvd.synchronize(handle).numpy().copy())
 
     def allgather(self, values) -> np.ndarray:
@@ -129,22 +140,26 @@ def make_comm(comm=None, *, rank: int, size: int):
     """The communicator for a callback on Horovod rank ``rank`` of ``size``.
 
     Args:
-        comm: None (choose: LocalComm for one rank, MPIComm when Horovod runs on MPI,
-            HorovodComm otherwise), an mpi4py communicator, or an object with the
-            interface above.
+        comm: None (LocalComm for one rank, HorovodComm otherwise), an mpi4py
+            communicator (MPIComm; HorovodComm when MPI lacks MPI_THREAD_MULTIPLE),
+            or an object with the interface above.
         rank, size: Horovod's rank and size, to check the communicator against.
 
     Raises:
         ConfigError: the communicator's rank/size differ from Horovod's.
     """
     if comm is None:
-        if size == 1:
-            return LocalComm()
-        import horovod.torch as hvd
-
-        comm = MPIComm() if hvd.mpi_enabled() else HorovodComm()
+        comm = LocalComm() if size == 1 else HorovodComm()
     elif hasattr(comm, "Get_rank") and hasattr(comm, "Dup"):
-        comm = MPIComm(comm)
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            log.warning("omnihvd: rank %d: MPI provides thread level %d, not MPI_THREAD_MULTIPLE; "
+                        "mpi4py calls beside Horovod's background thread are unsafe, so omnihvd "
+                        "gathers through Horovod instead", rank, MPI.Query_thread())
+            comm = HorovodComm()
+        else:
+            comm = MPIComm(comm)
     elif not all(hasattr(comm, a) for a in ("rank", "size", "allgather", "iallgather",
                                               "allgather_object")):
         raise ConfigError("comm must be None, an mpi4py communicator, or an object with rank, "

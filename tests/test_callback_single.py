@@ -178,9 +178,9 @@ def test_training_loop_runs_and_history_records_decisions(data, nonblocking, cap
     for epoch in range(2):
         chunk = batches[epoch * N // B:(epoch + 1) * N // B]
         assert sorted(i for b in chunk for i in b) == list(range(N))
-    # adjustments are posted every 2 steps; a non-blocking one is decided a step later,
-    # and the last one is still in flight when the loop ends.
-    want = list(range(3, steps, 2)) if nonblocking else list(range(2, steps + 1, 2))
+    # adjustments are posted every 2 steps (non-blocking: at the step's wait boundary)
+    # and decided at the end of that same step, so none is in flight when the loop ends.
+    want = list(range(2, steps + 1, 2))
     assert [h["step"] for h in cb.history] == want
     for h in cb.history:
         assert h["sizes"] == [B] and h["new_sizes"] == [B]
