@@ -1,6 +1,6 @@
 # The two commands of README.rst. Both run the idempotent set-up first.
 PY := .venv/bin/python
-.PHONY: setup setup-slurm demo test test-fast clean
+.PHONY: setup setup-slurm demo test test-unit test-fast clean
 
 setup:
 	bash tools/setup.sh
@@ -17,8 +17,14 @@ demo: setup
 test: setup setup-slurm
 	$(PY) -m pytest -q tests
 
+# The test tiers (tests/conftest.py): unit needs only numpy, pytest and hypothesis, so
+# it runs with any such Python (PY=python3 make test-unit); test-fast adds the
+# single-process tests on the installed stack; make test runs every tier.
+test-unit:
+	$(PY) -m pytest -q tests -m unit
+
 test-fast: setup
-	$(PY) -m pytest -q tests -m "not mpi"
+	$(PY) -m pytest -q tests -m "unit or single"
 
 clean:
 	rm -rf .venv build *.egg-info

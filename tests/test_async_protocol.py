@@ -8,6 +8,8 @@ from omnihvd.asynchronous.protocol import (DONE, FINAL, HEADER_BYTES, HELLO, PAR
                                            ProtocolError, decode, encode, layout_fingerprint,
                                            shard_bounds)
 
+pytestmark = pytest.mark.unit
+
 
 @settings(max_examples=50, deadline=None)
 @given(kind=st.sampled_from([HELLO, PUSH, DONE, PARAMS, FINAL]),

@@ -9,6 +9,8 @@ from omnihvd.asynchronous import (AsyncBatchSampler, IntervalBalancer, ProtocolE
 from omnihvd.asynchronous.protocol import DONE, FINAL, HELLO, PARAMS, PUSH, decode, encode
 from omnihvd.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 WORKERS = [1, 2, 3]
 
 

@@ -7,12 +7,13 @@ import os
 import pytest
 from mpirun import ROOT, mpirun
 
+pytestmark = pytest.mark.mpi
+
 BENCH = os.path.join(ROOT, "benchmarks", "bench.py")
 FIELDS = ["level", "speeds", "plain_step_s", "omnihvd_step_s", "reference_step_s", "ideal_step_s",
           "efficiency", "speedup", "adjustments_to_converge", "overhead_per_step_s"]
 
 
-@pytest.mark.mpi
 def test_bench_smoke(tmp_path):
     out = tmp_path / "results"
     proc = mpirun(4, BENCH, "--name", "smoke", "--out", out, "--levels", "HL4",
@@ -38,7 +39,6 @@ def test_bench_smoke(tmp_path):
         assert 0 < r["final_accuracy"] <= 1 and len(r["accuracy_curve"]) == 2
 
 
-@pytest.mark.mpi
 def test_bench_rejects_bad_schedule(tmp_path):
     proc = mpirun(2, BENCH, "--out", tmp_path, "--levels", "HL4", "--dynamic", "",
                   "--train-limit", "64", "--progress", "off", timeout=120, check=False)

@@ -17,6 +17,8 @@ import horovod.torch as hvd
 import omnihvd
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 
+pytestmark = pytest.mark.single
+
 N, B = 64, 8
 
 

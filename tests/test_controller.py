@@ -26,6 +26,8 @@ from omnihvd.controller import (
 )
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 
+pytestmark = pytest.mark.unit
+
 PROPS = settings(derandomize=True, max_examples=120, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FEW = settings(PROPS, max_examples=40)

@@ -11,6 +11,8 @@ from omnihvd import data
 from omnihvd.data import DatasetNotFoundError, load_fashion_mnist, read_idx
 from omnihvd.errors import OmniHvdError
 
+pytestmark = pytest.mark.single
+
 
 def write_idx(path, array, compress=True, dtype_code=0x08, truncate=0):
     array = np.asarray(array, dtype=np.uint8)

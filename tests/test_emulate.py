@@ -1,9 +1,7 @@
 """omnihvd.emulate: schedules, the emulator's arithmetic (with a fake clock), CPU plans,
-options from the command line and the environment. Single process, no timing."""
+options from the command line and the environment. Single process, no timing
+(pinning CPUs in a child process: test_emulate_single.py)."""
 import argparse
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,6 +9,8 @@ from hypothesis import given, settings, strategies as st
 from omnihvd import emulate
 from omnihvd.emulate import EmulationError, Emulator, parse_cpu_plan, parse_schedule
 from omnihvd.errors import ConfigError
+
+pytestmark = pytest.mark.unit
 
 
 class FakeClock:
@@ -236,21 +236,6 @@ def test_cpu_plan_errors(text, kwargs, fragment):
     with pytest.raises(EmulationError) as info:
         parse_cpu_plan(text, **kwargs)
     assert fragment in str(info.value)
-
-
-def test_pin_cpus_in_a_child_process():
-    """Pinning changes the process, so do it in a child and report back."""
-    cpu = sorted(os.sched_getaffinity(0))[-1]
-    code = ("import os, torch; from omnihvd.emulate import pin_cpus; "
-            "prev = pin_cpus([%d], threads=1); "
-            "print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), len(prev) >= 1)" % cpu)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "[%d] 1 True" % cpu
-    with pytest.raises(EmulationError, match="at least one CPU"):
-        emulate.pin_cpus([])
-    with pytest.raises(EmulationError, match="threads must be an int"):
-        emulate.pin_cpus([cpu], threads=0)
 
 
 # ------------------------------------------------------------------ options

@@ -9,13 +9,14 @@ import pytest
 
 from mpirun import mpirun
 
+pytestmark = pytest.mark.mpi
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "install_check.py")
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 RANKS = 4
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("order", ["mpi4py-first", "horovod-first"])
 def test_horovod_and_mpi4py_under_mpirun(order):
     proc = mpirun(RANKS, SCRIPT, order, timeout=300)

@@ -5,6 +5,8 @@ import torch
 from omnihvd.errors import ConfigError
 from omnihvd.models import MODELS, SmallResNet, build_model
 
+pytestmark = pytest.mark.single
+
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_shapes_and_one_step_learns(name):

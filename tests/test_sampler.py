@@ -14,6 +14,8 @@ from omnihvd.controller import apportion
 from omnihvd.errors import ConfigError
 from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 
+pytestmark = pytest.mark.single
+
 PROPS = settings(derandomize=True, max_examples=60, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,14 +1,13 @@
-"""The cluster simulator: fast, single-process."""
-import json
-
+"""The cluster simulator: fast, single-process (its plot is in test_plots.py)."""
 import numpy as np
 import pytest
 
-from omnihvd import cli
 from omnihvd.controller import TimeModel, solve_time_model
 from omnihvd.errors import ConfigError
 from omnihvd.simulate import (DYNAMIC_SCHEDULE, Cluster, Control, hl_speeds, make_profile,
                               reference_control, ring_allreduce_seconds, simulate)
+
+pytestmark = pytest.mark.unit
 
 
 def test_hl_levels_tile_over_ranks():
@@ -109,17 +108,3 @@ def test_bad_input_is_rejected_with_a_clear_message():
     with pytest.raises(ValueError, match="min_batch_size"):
         simulate(Cluster(ranks=4), "hl1", global_batch_size=8, steps=10,
                  control=Control(min_batch_size=4))
-
-
-def test_cli_writes_json_and_png(tmp_path, capsys):
-    out = tmp_path / "sim"
-    rc = cli.main(["simulate", "--ranks", "8", "--steps", "140", "--profile", "dynamic",
-                   "--compare", "--out", str(out), "--every", "2"])
-    assert rc == 0
-    doc = json.loads((out / "simulate.json").read_text())
-    assert set(doc) == {"omnihvd", "reference"}
-    assert doc["omnihvd"]["summary"]["ranks"] == 8
-    assert len(doc["omnihvd"]["series"]["efficiency"]) == 70
-    png = (out / "simulate.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "steady efficiency" in capsys.readouterr().out

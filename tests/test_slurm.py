@@ -30,7 +30,7 @@ JOB_TIMEOUT = 300  # seconds per job: generous, the machine is shared
 GLOBAL_BATCH = 128  # train_job.py's default --global-batch-size
 LINE = re.compile(r"omnihvd-job: (.*)$")  # mpirun may prefix "[1,0]<stdout>:"
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.cluster
 
 
 class Cluster:

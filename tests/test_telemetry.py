@@ -1,14 +1,16 @@
-"""omnihvd.telemetry: run logs, per-segment summaries, plots, `omnihvd plot`, the
-progress bar and tables. Single process."""
+"""omnihvd.telemetry: run logs, per-segment summaries, the progress bar and tables.
+The plots (matplotlib) are in test_plots.py."""
 import io
 import json
 
 import pytest
 
-from omnihvd import cli, telemetry
+from omnihvd import telemetry
 from omnihvd.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = pytest.mark.unit
 
 
 def synthetic_run(path, variant="omnihvd", balance=True):
@@ -80,31 +82,6 @@ def test_read_log_errors(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ConfigError, match="holds no records"):
         telemetry.read_log(str(empty))
-
-
-def test_plots_and_cli(tmp_path, capsys):
-    synthetic_run(tmp_path / "run-omnihvd.log")
-    synthetic_run(tmp_path / "run-plain.log", "plain", balance=False)
-    paths = telemetry.plot_logs([str(tmp_path / "run-plain.log"), str(tmp_path / "run-omnihvd.log")],
-                                prefix="cmp")
-    assert [p.rsplit("/", 1)[1] for p in paths] == ["cmp-batch-sizes.png", "cmp-step-time.png",
-                                                    "cmp-accuracy.png"]   # logs hold evals
-    for p in paths:
-        assert open(p, "rb").read(8) == PNG_MAGIC
-    out = tmp_path / "out"
-    assert cli.main(["plot", str(tmp_path / "run-omnihvd.log"), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(out / ("run-omnihvd-%s.png" % kind))
-                       for kind in ("batch-sizes", "step-time", "accuracy")]
-    assert cli.main(["plot", str(tmp_path / "nope.log")]) == 2
-    assert "cannot read run log" in capsys.readouterr().err
-
-
-def test_no_accuracy_plot_without_evaluations(tmp_path):
-    path = tmp_path / "x.log"
-    with telemetry.RunLog(str(path), run="x") as log:
-        log.step(0, t=1, step_s=1, sizes=[1, 2], times=[0.5, 1])
-    assert [p.rsplit("-", 1)[1] for p in telemetry.plot_logs([str(path)])] == ["sizes.png", "time.png"]
 
 
 def test_plot_rejects_nothing_to_plot(tmp_path):

@@ -8,6 +8,8 @@ import pytest
 from omnihvd.errors import ConfigError
 from omnihvd.timing import StepTimer, TimingWindow, robust_step_time
 
+pytestmark = pytest.mark.unit
+
 
 def fake_clock(*readings):
     """A clock returning ``readings`` in turn; fails loudly if read once too often."""

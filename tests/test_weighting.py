@@ -15,6 +15,8 @@ from omnihvd.weighting import (
     register_gradient_weight,
 )
 
+pytestmark = pytest.mark.single
+
 
 @pytest.fixture(scope="module")
 def horovod():
