@@ -306,7 +306,7 @@ def _check_cuda(facts) -> Check:
     if "error" not in ht and ht and not ht.get("nccl_built"):
         return Check("CUDA", WARN, detail + "; horovod has no NCCL/GPU support",
                      "pass CPU tensors to horovod, or rebuild it with "
-                     "HOROVOD_GPU_OPERATIONS=NCCL (see README, Installation)")
+                     "HOROVOD_GPU_OPERATIONS=NCCL (see docs/installation.rst)")
     return Check("CUDA", OK, detail)
 
 

@@ -95,7 +95,7 @@ def test_killed_rank_ends_job_and_is_named():
 
 
 def test_stuck_rank_ends_job_with_horovod_stall_shutdown():
-    # The setting README "Reliability" recommends for a rank that is alive but stuck.
+    # The setting docs/reliability.rst recommends for a rank that is alive but stuck.
     # Not much shorter: on a loaded machine ranks can drift apart by seconds at
     # start-up, and a shutdown there would come before the injected hang.
     env = dict(HOROVOD_STALL_CHECK_TIME_SECONDS="5", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="10")
