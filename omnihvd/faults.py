@@ -1,7 +1,7 @@
 """Make a failing rank end the whole job, promptly and with its rank named.
 
-What plain Horovod 0.28.1 + OpenMPI 4.1.4 already does (measured on 3 ranks, see the
-README section "Reliability"): when a rank is killed, ``mpirun`` notices the dead
+What plain Horovod 0.28.1 + OpenMPI 4.1.4 already does (measured on 3 ranks, see
+docs/reliability.rst): when a rank is killed, ``mpirun`` notices the dead
 process and ends the job in about a second; when a rank raises and its interpreter
 exits, the other ranks get ``HorovodInternalError`` and the job ends in about two
 seconds. It hangs forever when the raising rank cannot exit: any non-daemon thread
@@ -15,6 +15,11 @@ prints its traceback, then ``omnihvd: rank R raised ...; aborting the job`` and 
 calls ``sys.excepthook`` before it waits for threads or runs ``atexit`` handlers, so
 nothing the user left running can delay it.
 
+:func:`fail_job` is the one way omnihvd ends a job for an exception, in both modes:
+the hook above calls it for an uncaught exception of a synchronous job, and
+:class:`omnihvd.asynchronous.AsyncOmniLearnCallback` for an exception in one of its
+hooks (or its ``with`` block), where the other ranks may be waiting on this one.
+
 A rank that is stuck but alive (a deadlocked data loader, ranks disagreeing on which
 tensors to reduce) is Horovod's stall inspector's job: launch with
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` and ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set.
@@ -25,25 +30,30 @@ import traceback
 
 from .errors import ConfigError
 
-__all__ = ["AbortHandle", "abort_job", "abort_message", "install_abort_on_exception"]
+__all__ = ["AbortHandle", "abort_job", "abort_message", "fail_job", "install_abort_on_exception"]
 
 
-def abort_job(exit_code=1):
+def abort_job(exit_code=1, comm=None):
     """End every rank of the job now; never returns.
 
     Under ``mpirun`` (MPI initialised, more than one rank) this is
-    ``MPI.COMM_WORLD.Abort(exit_code)``: ``mpirun`` kills all ranks and exits non-zero.
-    Otherwise (one process, or a Gloo launch by ``horovodrun`` where MPI is not
-    initialised) only this process exits, with ``os._exit`` so that non-daemon threads
-    cannot keep it alive; Gloo peers then fail their next collective.
+    ``MPI.COMM_WORLD.Abort(exit_code)``, or ``comm.Abort(exit_code)`` when a
+    communicator is given: ``mpirun`` kills all ranks and exits non-zero. Otherwise
+    (one process, or a Gloo launch by ``horovodrun`` where MPI is not initialised)
+    only this process exits, with ``os._exit`` so that non-daemon threads cannot keep
+    it alive; Gloo peers then fail their next collective.
 
     Args:
         exit_code: the process exit status, 1 to 255.
+        comm: an mpi4py communicator to abort (e.g. a duplicate of COMM_WORLD); None:
+            COMM_WORLD when MPI is initialised.
 
     Raises:
         ConfigError: ``exit_code`` out of range (checked before anything is ended).
     """
     _check_exit_code(exit_code)
+    if comm is not None:
+        comm.Abort(exit_code)
     mpi = _initialized_mpi()
     if mpi is not None and mpi.COMM_WORLD.Get_size() > 1:
         mpi.COMM_WORLD.Abort(exit_code)
@@ -123,26 +133,62 @@ class _AbortHook:
         if not self.active:
             self.previous(exc_type, exc, tb)
             return
-        # Whatever fails while reporting, the job must still end: the abort is in a
-        # finally block.
+        # Whatever fails in the previous hook, the job must still end.
         try:
-            self.previous(exc_type, exc, tb)
-            stream = self.stream if self.stream is not None else sys.stderr
-            stream.write(abort_message(self.rank, exc_type, exc) + "\n")
-            stream.flush()
-            sys.stdout.flush()
+            self.previous(exc_type, exc, tb)  # prints the traceback
         finally:
-            self.abort(self.exit_code)
+            fail_job(self.rank, exc, exit_code=self.exit_code, abort=self.abort,
+                     stream=self.stream, traceback_shown=True)
 
 
-def abort_message(rank, exc_type, exc):
+def abort_message(rank, exc_type, exc, role=None):
     """The one line printed before aborting, e.g.
 
     >>> abort_message(1, RuntimeError, RuntimeError("boom"))
     'omnihvd: rank 1 raised RuntimeError: boom; aborting the job'
+    >>> abort_message(2, KeyError, KeyError("w"), role="worker 1")
+    "omnihvd: rank 2 (worker 1) raised KeyError: 'w'; aborting the job"
     """
     text = "".join(traceback.format_exception_only(exc_type, exc)).strip().replace("\n", " ")
-    return "omnihvd: rank %d raised %s; aborting the job" % (rank, text)
+    who = "rank %d" % rank if role is None else "rank %d (%s)" % (rank, role)
+    return "omnihvd: %s raised %s; aborting the job" % (who, text)
+
+
+def fail_job(rank, exc, *, role=None, comm=None, exit_code=1, abort=None, stream=None,
+             traceback_shown=False):
+    """Report ``exc`` naming this rank, then end every rank of the job; never returns.
+
+    The one abort path of omnihvd, synchronous and asynchronous: the traceback
+    (unless already shown), then the line of :func:`abort_message`, then
+    ``abort(exit_code)``. Whatever fails while reporting, the job still ends.
+
+    Args:
+        rank: this process's rank, named in the message.
+        exc: the exception that ends the job.
+        role: what the rank does, named after it (``"worker 1"``), or None.
+        comm: the communicator to abort (see :func:`abort_job`).
+        exit_code: the job's exit status, 1 to 255.
+        abort: callable taking the exit code, default :func:`abort_job` on ``comm``;
+            tests pass a fake (which may return).
+        stream: where the report goes; ``sys.stderr`` at the time of the call when None.
+        traceback_shown: the caller has printed the traceback already (the excepthook).
+
+    Raises:
+        ConfigError: ``exit_code`` out of range (before anything is printed or ended).
+    """
+    _check_exit_code(exit_code)
+    try:
+        out = stream if stream is not None else sys.stderr
+        if not traceback_shown:
+            out.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        out.write(abort_message(rank, type(exc), exc, role) + "\n")
+        out.flush()
+        sys.stdout.flush()
+    finally:
+        if abort is None:
+            abort_job(exit_code, comm)
+        else:
+            abort(exit_code)
 
 
 def install_abort_on_exception(rank, *, exit_code=1, abort=None, stream=None):

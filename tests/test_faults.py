@@ -115,3 +115,50 @@ def test_single_process_exits_despite_non_daemon_thread():
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 3, proc.stdout
     assert "omnihvd: rank 0 raised RuntimeError: boom; aborting the job" in proc.stdout
+
+
+# ---------------------------------------------------------------- fail_job
+
+
+class Aborted(BaseException):
+    """Stands for the end of the process (a real Abort never returns)."""
+
+
+class FakeComm:
+    def __init__(self):
+        self.aborted = []
+
+    def Abort(self, code):
+        self.aborted.append(code)
+        raise Aborted(code)
+
+
+def test_fail_job_prints_traceback_then_one_line_naming_rank_and_role():
+    out, calls = io.StringIO(), []
+    try:
+        raise KeyError("w")
+    except KeyError as exc:
+        faults.fail_job(3, exc, role="worker 1", exit_code=5, abort=record_abort(calls),
+                        stream=out)
+    text = out.getvalue()
+    assert text.startswith("Traceback (most recent call last):") and "raise KeyError" in text
+    assert text.endswith("\nomnihvd: rank 3 (worker 1) raised KeyError: 'w'; aborting the job\n")
+    assert calls == [5]
+
+
+def test_fail_job_aborts_the_given_communicator_even_if_reporting_fails():
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise OSError("stderr closed")
+
+    comm = FakeComm()
+    with pytest.raises(Aborted):
+        faults.fail_job(0, RuntimeError("x"), comm=comm, exit_code=9, stream=Closed())
+    assert comm.aborted == [9]
+
+
+def test_fail_job_refuses_a_bad_exit_code_before_ending_anything():
+    comm, out = FakeComm(), io.StringIO()
+    with pytest.raises(ConfigError, match="exit_code"):
+        faults.fail_job(0, RuntimeError("x"), comm=comm, exit_code=0, stream=out)
+    assert comm.aborted == [] and out.getvalue() == ""

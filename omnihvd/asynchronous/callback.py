@@ -1,7 +1,9 @@
 """The user-facing object of asynchronous mode: :class:`AsyncOmniLearnCallback`.
 
-It has the synchronous callback's hook names and options, so switching a training
-loop between the modes changes the constructor and one ``if``::
+It has the synchronous callback's hook names and signatures (``on_batch_end(batch=None,
+logs=None)`` and so on), its options and its abort path
+(:func:`omnihvd.faults.fail_job`), so switching a training loop between the modes
+changes the constructor and one ``if``::
 
     from mpi4py import MPI                       # no hvd.init(): no Horovod here
     from omnihvd.asynchronous import AsyncOmniLearnCallback, AsyncBatchSampler
@@ -34,10 +36,11 @@ from typing import List, Optional
 import numpy as np
 
 from ..errors import ConfigError, RankMismatchError
+from ..faults import fail_job
 from .balance import IntervalBalancer, staleness_scale
 from .protocol import layout_fingerprint, shard_bounds
 from .server import ServerCore, serve
-from .transport import Link, abort
+from .transport import Link
 from .worker import WorkerClient
 
 __all__ = ["AsyncOmniLearnCallback"]
@@ -70,9 +73,12 @@ class AsyncOmniLearnCallback:
             the protocol's messages never mix with the caller's.
         idle_timeout: seconds a server waits without any message, or a worker for a
             reply, before declaring the job broken (None: forever).
-        abort_on_error: an exception inside a hook or :meth:`serve` prints its
-            message naming the rank and calls ``MPI_Abort`` (other ranks would
-            otherwise wait forever); False re-raises instead (for debugging).
+        abort_on_exception: as for :class:`omnihvd.OmniLearnCallback`: an exception
+            inside a hook, :meth:`serve` or the ``with cb:`` block prints its
+            traceback and ``omnihvd: rank R (worker k) raised ...; aborting the job``
+            and aborts the whole job (other ranks would otherwise wait forever);
+            False re-raises instead (for debugging). Default (None): True, since
+            asynchronous mode always runs on several ranks.
 
     Raises:
         RankMismatchError: ranks disagree on an option or on the model (raised on
@@ -86,7 +92,8 @@ class AsyncOmniLearnCallback:
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = "median", history: int = 8, momentum: float = 0.0,
                  weight_decay: float = 0.0, staleness_lr: Optional[str] = None, comm=None,
-                 idle_timeout: Optional[float] = 600.0, abort_on_error: bool = True):
+                 idle_timeout: Optional[float] = 600.0,
+                 abort_on_exception: Optional[bool] = None):
         from mpi4py import MPI
 
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
@@ -129,7 +136,7 @@ class AsyncOmniLearnCallback:
             history=history)
         self.global_batch_size = global_batch_size
         self.idle_timeout = idle_timeout
-        self.abort_on_error = abort_on_error
+        self.abort_on_exception = True if abort_on_exception is None else bool(abort_on_exception)
 
         flat = self._flat_params() if self.rank == 0 else np.empty(self.numel, np.float32)
         self.comm.Bcast([flat, MPI.FLOAT], root=0)
@@ -200,8 +207,8 @@ class AsyncOmniLearnCallback:
         try:
             return fn(*args)
         except Exception as exc:
-            if self.abort_on_error:
-                abort(self.comm, self.role, exc)
+            if self.abort_on_exception:
+                fail_job(self.rank, exc, role=self.role, comm=self.comm)
             raise
 
     def _need(self, worker: bool, hook: str):
@@ -226,7 +233,7 @@ class AsyncOmniLearnCallback:
 
     # ------------------------------------------------------------ worker hooks
 
-    def on_train_begin(self):
+    def on_train_begin(self, logs=None):
         """Pull the parameters and this worker's first batch size."""
         def run():
             self._need(True, "on_train_begin")
@@ -238,25 +245,32 @@ class AsyncOmniLearnCallback:
             self._begun = True
         self._guard(run)
 
-    def on_epoch_begin(self, epoch: int):
+    def on_epoch_begin(self, epoch, logs=None):
         """Record the epoch (each worker runs its own epochs)."""
         self.epoch = epoch
 
-    def on_batch_begin(self):
+    def on_batch_begin(self, batch=None, logs=None):
         """Nothing to do: the update interval runs from push to push."""
 
-    def on_batch_end(self, batch_size: Optional[int] = None):
+    def on_batch_end(self, batch=None, logs=None):
         """Push this batch's gradient, load the fresh parameters, take the next batch size.
 
         Args:
-            batch_size: samples the gradient averages over (default
-                :attr:`batch_size`, what the sampler handed out).
+            batch: the batch index (unused, as in the synchronous callback).
+            logs: optional dict; ``logs["size"]`` (the Keras key) is the number of
+                samples the gradient averages over, for a batch shorter than
+                :attr:`batch_size` (``AsyncBatchSampler(drop_last=False)``'s last one).
+                Default: :attr:`batch_size`, what the sampler handed out.
         """
         def run():
             self._need(True, "on_batch_end")
             if not self._begun:
                 raise ConfigError("on_batch_end() before on_train_begin() on rank %d" % self.rank)
-            used = self.batch_size if batch_size is None else batch_size
+            used = (logs or {}).get("size", self.batch_size)
+            if isinstance(used, bool) or not isinstance(used, (int, np.integer)) or used < 1:
+                raise ConfigError("logs['size'] must be an int >= 1 (the samples of this batch), "
+                                  "got %r on rank %d" % (used, self.rank))
+            used = int(used)
             flat, size = self._client.push(self._flat_grads(), used)
             self._load(flat)
             self.history.append({"step": self.step, "batch_size": used, "next_batch_size": size,
@@ -266,10 +280,10 @@ class AsyncOmniLearnCallback:
             self.step += 1
         self._guard(run)
 
-    def on_epoch_end(self, epoch: int):
+    def on_epoch_end(self, epoch, logs=None):
         """Nothing to do: there is no cross-worker epoch boundary."""
 
-    def on_train_end(self):
+    def on_train_end(self, logs=None):
         """Stop protocol: tell the servers, wait for the last worker, load the final model."""
         def run():
             self._need(True, "on_train_end")
@@ -287,8 +301,8 @@ class AsyncOmniLearnCallback:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is not None and self.abort_on_error and isinstance(exc, Exception):
-            abort(self.comm, self.role, exc)
+        if exc is not None and self.abort_on_exception and isinstance(exc, Exception):
+            fail_job(self.rank, exc, role=self.role, comm=self.comm)
         if exc is None and self.is_worker and self._begun and not self._ended:
             self.on_train_end()
         return False

@@ -1,4 +1,7 @@
-"""The only part of asynchronous mode that talks MPI: sending, polling, aborting.
+"""The only part of asynchronous mode that talks MPI: sending and polling.
+
+(Aborting the job is :func:`omnihvd.faults.fail_job`, shared with the synchronous
+mode.)
 
 Waiting uses ``Iprobe`` with a short, growing sleep (50 us up to 1 ms) instead of a
 blocking receive: Open MPI's blocking calls spin a core at 100%, and a server plus
@@ -8,16 +11,14 @@ millisecond per message, against update intervals of tens of milliseconds or mor
 mpi4py is imported inside the functions, so importing this module does not
 initialise MPI.
 """
-import sys
 import time
-import traceback
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from .protocol import TAG_TO_SERVER, TAG_TO_WORKER, Message, decode
 
-__all__ = ["Link", "abort"]
+__all__ = ["Link"]
 
 _MIN_NAP, _MAX_NAP = 5e-5, 1e-3
 
@@ -82,20 +83,3 @@ class Link:
         """Next message to a worker from server ``source``, or None on timeout."""
         got = self._poll(source, TAG_TO_WORKER, timeout)
         return None if got is None else got[1]
-
-
-def abort(comm, role: str, exc: BaseException, code: int = 1):
-    """Print why this rank fails, naming it, then ``MPI_Abort`` the whole job.
-
-    Used for errors after which the asynchronous job cannot continue correctly (a
-    rejected message, a worker that raised): every other rank may be waiting on this
-    one, so raising would leave them hanging. Never returns.
-    """
-    rank = comm.Get_rank()
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    sys.stderr.write("omnihvd.asynchronous: rank %d (%s) failed; aborting the job.\n%s"
-                     "omnihvd.asynchronous: rank %d (%s): %s: %s\n"
-                     % (rank, role, text, rank, role, type(exc).__name__, exc))
-    sys.stderr.flush()
-    sys.stdout.flush()
-    comm.Abort(code)
