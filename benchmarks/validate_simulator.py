@@ -137,10 +137,9 @@ def analyse_real(doc, speeds_at, steps):
 
 def balance(sizes, speed, B):
     """Noise-free balance of each step's split: ideal time / slowest rank's model time."""
-    x = speed / SAMPLE_COST
-    a = STEP_COST / speed
-    ideal = (B + np.sum(a * x, axis=1)) / np.sum(x, axis=1)
-    return ideal / np.max(a + sizes / x, axis=1)
+    from omnihvd.metrics import balance as split_balance
+
+    return split_balance(sizes, speed / SAMPLE_COST, STEP_COST / speed, global_batch_size=B)
 
 
 def steps_to_reach(bal, changes, steps, level=0.95):

@@ -49,7 +49,9 @@ import re
 import time
 from typing import Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from . import levels
 from .errors import ConfigError
+from .levels import DYNAMIC_LEVELS, LEVEL_CORES, LEVELS
 
 __all__ = [
     "LEVELS", "LEVEL_CORES", "DYNAMIC_LEVELS", "MODES", "ENV",
@@ -58,17 +60,8 @@ __all__ = [
     "parse_cpu_plan", "pin_cpus", "add_arguments", "from_args", "cpu_plan_from_args",
 ]
 
-# The paper's heterogeneity levels: CPU cores of each of 4 workers (Tyagi & Sharma,
-# TPDS 2025, table of HL1..HL8). HLk: the fastest worker has k times the slowest's cores.
-LEVEL_CORES = {
-    "HL1": (12, 12, 12, 12),
-    "HL2": (12, 12, 8, 16),
-    "HL4": (9, 9, 6, 24),
-    "HL8": (6, 6, 4, 32),
-}
-_CORES_PER_UNIT = 12.0   # 12 cores = speed 1.0, so every level has total speed 4.0
-LEVELS = {name: tuple(c / _CORES_PER_UNIT for c in cores) for name, cores in LEVEL_CORES.items()}
-DYNAMIC_LEVELS = ("HL1", "HL2", "HL4", "HL8", "HL4", "HL2", "HL1")
+# The paper's heterogeneity levels (cores per worker, relative speeds, the dynamic
+# schedule) are defined once, in omnihvd.levels.
 MODES = ("model", "dilate")
 ENV = {
     "schedule": "OMNIHVD_EMULATE",
@@ -95,11 +88,10 @@ def level_speeds(name: str) -> Tuple[float, ...]:
     Raises:
         EmulationError: unknown level.
     """
-    key = name.strip().upper()
-    if key not in LEVELS:
-        raise EmulationError("unknown heterogeneity level %r; choose one of %s"
-                             % (name, ", ".join(LEVELS)))
-    return LEVELS[key]
+    try:
+        return levels.level_speeds(name)
+    except ConfigError as exc:
+        raise EmulationError(str(exc)) from None
 
 
 class Segment(NamedTuple):

@@ -43,6 +43,8 @@ import numpy as np
 
 from .controller import POLICIES, Controller, TimeModel, apportion, resolve_bounds, solve_time_model
 from .errors import ConfigError
+from .levels import DYNAMIC_LEVELS, LEVEL_CORES, level_speeds
+from .metrics import ideal_step_time, split_time
 from .timing import SUMMARIES, robust_step_time
 
 __all__ = [
@@ -61,16 +63,10 @@ __all__ = [
     "run",
 ]
 
-# Cores per worker in the paper's four-worker heterogeneity levels.
-HL_LEVELS = {
-    "hl1": (12, 12, 12, 12),
-    "hl2": (12, 12, 8, 16),
-    "hl4": (9, 9, 6, 24),
-    "hl8": (6, 6, 4, 32),
-}
-DYNAMIC_SCHEDULE = ("hl1", "hl2", "hl4", "hl8", "hl4", "hl2", "hl1")
+# The paper's heterogeneity levels (omnihvd.levels), by their lower-case profile names.
+HL_LEVELS = {name.lower(): cores for name, cores in LEVEL_CORES.items()}
+DYNAMIC_SCHEDULE = tuple(name.lower() for name in DYNAMIC_LEVELS)
 PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
-REFERENCE_CORES = 12  # relative speed 1.0
 
 # Float64 fields each rank contributes to the callback's timing allgather.
 from .callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
@@ -198,8 +194,7 @@ def hl_speeds(level: str, ranks: int) -> np.ndarray:
     if level not in HL_LEVELS:
         raise ConfigError("heterogeneity level must be one of %s, got %r"
                           % (", ".join(HL_LEVELS), level))
-    cores = np.resize(np.asarray(HL_LEVELS[level], dtype=np.float64), ranks)
-    return cores / REFERENCE_CORES
+    return np.asarray(level_speeds(level, ranks), dtype=np.float64)
 
 
 class SpeedProfile:
@@ -297,11 +292,6 @@ def _noise_factors(rng, cv, ranks):
         return np.ones(ranks)
     sigma = math.sqrt(math.log1p(cv * cv))
     return np.exp(rng.standard_normal(ranks) * sigma - 0.5 * sigma * sigma)
-
-
-def _ideal_compute_time(a, x, B):
-    """Common time T of the continuous split ``b_i = (T - a_i) x_i`` summing to B."""
-    return (B + float(np.dot(a, x))) / float(np.sum(x))
 
 
 @dataclass
@@ -533,7 +523,7 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
         nominal = a + sizes / x
         factors = _noise_factors(noise_rng, cluster.noise, n)
         local = nominal * factors
-        ideal = _ideal_compute_time(a, x, B)
+        ideal = ideal_step_time(B, x, a)
         out["step"][t] = float(local.max()) + comm
         out["ideal"][t] = ideal + comm
         out["oracle"][t] = ideal * float(factors.max()) + comm
@@ -542,7 +532,7 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
         tracked_sizes[t] = sizes[tracked]
         if change_steps is not None and t in change_steps:
             best = solve_time_model(TimeModel(a, 1.0 / x), B, min_batch_size=lo, max_batch_size=hi)
-            best_balance.append(ideal / float(np.max(a + np.asarray(best) / x)))
+            best_balance.append(ideal / float(split_time(best, x, a)))
         if skip > 0:
             skip -= 1
         else:

@@ -23,28 +23,14 @@ import time
 from typing import Iterable, List, Optional, Sequence
 
 from .errors import ConfigError
+from .metrics import measured_ideal_step_time
 
 __all__ = ["RunLog", "read_log", "ideal_step_time", "summarize", "plot_logs", "ProgressBar",
            "format_table", "configure_parser", "run"]
 
 
-def ideal_step_time(sizes: Sequence[float], times: Sequence[float]) -> float:
-    """``B / sum_i(b_i / t_i)``: the balanced step time at the measured throughputs.
-
-    Args:
-        sizes: per-rank batch sizes ``b_i``.
-        times: per-rank local compute seconds ``t_i``.
-
-    Returns:
-        Seconds; NaN when no rank has a positive, finite time.
-
-    >>> round(ideal_step_time([64, 64, 64, 64], [0.1, 0.1, 0.2, 0.05]), 4)
-    0.0889
-    """
-    rates = [b / t for b, t in zip(sizes, times)
-             if t is not None and math.isfinite(t) and t > 0]
-    total = sum(rates)
-    return sum(sizes) / total if total > 0 else float("nan")
+# ``B / sum_i(b_i / t_i)`` of a step record: omnihvd.metrics holds the definition.
+ideal_step_time = measured_ideal_step_time
 
 
 class RunLog:

@@ -22,7 +22,7 @@ import torch
 
 import horovod.torch as hvd
 import omnihvd
-from omnihvd import cli, emulate, models, telemetry
+from omnihvd import cli, emulate, levels, models, telemetry
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 
@@ -141,6 +141,11 @@ CASES = [
      "level", "'100:HL9'"),
     ("schedule-period-float", lambda: emulate.parse_schedule("dynamic:2.5"), ConfigError,
      "period", "'dynamic:2.5'"),
+    ("level-int", lambda: emulate.level_speeds(5), ConfigError, "level", "5"),
+    ("level-ranks", lambda: levels.level_speeds("HL4", ranks=0), ConfigError, "ranks", "0"),
+    # the ideal step time of a run log: one time per size
+    ("ideal-step-lengths", lambda: telemetry.ideal_step_time([1, 2], [1.0]), ConfigError,
+     "times", "2 sizes"),
 ]
 
 
@@ -187,15 +192,12 @@ def test_cli_unknown_choice_names_the_value_and_the_choices(capsys):
 
 # Accepted today, or failing with an error other than omnihvd's; each names the fix.
 GAPS = [
-    ("level-int", lambda: emulate.level_speeds(5), "omnihvd/emulate.py level_speeds: AttributeError"),
     ("model-width-0", lambda: models.build_model("cnn", width=0),
      "omnihvd/models.py: width 0 builds a model that fails at its first forward"),
     ("model-classes-0", lambda: models.build_model("cnn", num_classes=0),
      "omnihvd/models.py: num_classes 0 accepted"),
     ("model-unknown-option", lambda: models.build_model("cnn", depth=3),
      "omnihvd/models.py build_model: TypeError for an unknown option"),
-    ("ideal-step-lengths", lambda: telemetry.ideal_step_time([1, 2], [1.0]),
-     "omnihvd/telemetry.py ideal_step_time: zip() drops the unmatched rank"),
 ]
 
 
