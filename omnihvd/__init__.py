@@ -20,6 +20,7 @@ __all__ = [
     "HeterogeneousBatchSampler",
     "StaticSchedule",
     "AsyncOmniLearnCallback",
+    "DDPOmniLearnCallback",
     "controller",
     "timing",
     "errors",
@@ -41,6 +42,10 @@ def __getattr__(name):
         from .asynchronous import AsyncOmniLearnCallback
 
         return AsyncOmniLearnCallback
+    if name == "DDPOmniLearnCallback":  # torch.distributed only: no Horovod import
+        from .ddp import DDPOmniLearnCallback
+
+        return DDPOmniLearnCallback
     if name in ("HeterogeneousBatchSampler", "StaticSchedule"):
         from . import sampler
 

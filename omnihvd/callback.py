@@ -169,19 +169,42 @@ class OmniLearnCallback:
                               "OmniLearnCallback")
         self.rank, self.num_ranks = hvd.rank(), hvd.size()
         self._comm = make_comm(comm, rank=self.rank, size=self.num_ranks)
+        self._configure_everywhere(model, optimizer, global_batch_size, initial_batch_sizes,
+                                   min_batch_size, max_batch_size, deadband, gain, adjust_every,
+                                   policy, settle_steps, timing, nonblocking)
+        if abort_on_exception is None:
+            abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+        self._enable_abort(abort_on_exception)
+
+    # Seams for other backends (omnihvd.ddp): how a rank joins and reduces gradients
+    # differs; the configuration, schedule, decisions and checkpoints do not.
+    def _configure_everywhere(self, *configure_args):
+        """Validate the options on every rank; raise on all ranks if any rank failed."""
         error = None
         try:
-            self._configure(model, optimizer, global_batch_size, initial_batch_sizes,
-                            min_batch_size, max_batch_size, deadband, gain, adjust_every,
-                            policy, settle_steps, timing, nonblocking)
+            self._configure(*configure_args)
         except Exception as exc:  # reported on every rank below, never on one alone
             error = exc
         self._agree_on_errors(error)
-        if abort_on_exception is None:
-            abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+
+    def _enable_abort(self, abort_on_exception):
         self._abort_enabled = bool(abort_on_exception)
         self._abort_handle = None
         self._install_abort()
+
+    def _check_backend(self, model, optimizer) -> bool:
+        """Check the Horovod optimizer; returns True for op=Average, False for op=Sum."""
+        average = _optimizer_op(optimizer)
+        process_set = getattr(optimizer, "process_set", None)
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise ConfigError("optimizer uses a non-global Horovod process set; omnihvd balances "
+                              "the global set only: create it without process_set=")
+        return average
+
+    def _install_hooks(self) -> list:
+        """Gradient weights and the timing boundary; returns handles with ``remove()``."""
+        return [register_gradient_weight(self._model.parameters(), self._weight),
+                self._optimizer.register_step_pre_hook(self._on_step_entry)]
 
     def _install_abort(self):
         if self._abort_enabled and self._abort_handle is None:
@@ -195,11 +218,7 @@ class OmniLearnCallback:
                    settle_steps, timing, nonblocking):
         if not hasattr(model, "parameters"):
             raise ConfigError("model must be a torch.nn.Module, got %s" % type(model).__name__)
-        self._average = _optimizer_op(optimizer)
-        process_set = getattr(optimizer, "process_set", None)
-        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-            raise ConfigError("optimizer uses a non-global Horovod process set; omnihvd balances "
-                              "the global set only: create it without process_set=")
+        self._average = self._check_backend(model, optimizer)
         B = _check_int("global_batch_size", global_batch_size, 1)
         self.adjust_every = _check_int("adjust_every", adjust_every, 1)
         if policy not in POLICIES:
@@ -276,8 +295,8 @@ class OmniLearnCallback:
         if len(failed) == len(reports) and len({m for _, m in failed}) == 1 and isinstance(
                 error, ValueError):
             raise error  # the same problem everywhere: keep its own type and message
-        raise ConfigError("OmniLearnCallback rejected its configuration on %d of %d ranks (%s)"
-                          % (len(failed), len(reports), detail)) from error
+        raise ConfigError("%s rejected its configuration on %d of %d ranks (%s)"
+                          % (type(self).__name__, len(failed), len(reports), detail)) from error
 
     def _fingerprint(self):
         shapes = [(name, tuple(p.shape)) for name, p in self._model.named_parameters()]
@@ -356,8 +375,7 @@ class OmniLearnCallback:
         if diffs:
             raise RankMismatchError("ranks disagree on the omnihvd configuration or model; every "
                                     "rank must pass the same values (%s)" % "; ".join(diffs))
-        self._hooks = [register_gradient_weight(self._model.parameters(), self._weight),
-                       self._optimizer.register_step_pre_hook(self._on_step_entry)]
+        self._hooks = self._install_hooks()
         self._started = True
         if self.rank == 0:
             log.info("omnihvd: %d ranks, global batch %d, initial sizes %s, policy %s, adjust "

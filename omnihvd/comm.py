@@ -16,6 +16,8 @@ Everything else receives plain data. Three backends share one small interface:
   thread uses MPI at the same time); without it :func:`make_comm` falls back to
   :class:`HorovodComm` with a warning.
 * :class:`LocalComm` -- one rank, no communication (single-process runs and tests).
+* :class:`TorchDistComm` -- torch.distributed on a process group (the DDP backend,
+  :mod:`omnihvd.ddp`): gloo on CPU, NCCL on GPUs; no Horovod or MPI involved.
 
 The payload per adjustment is a handful of float64 per rank, posted where the rank
 starts waiting for its peers and completed at the end of the same step.
@@ -28,7 +30,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["MPIComm", "HorovodComm", "LocalComm", "make_comm", "PendingGather"]
+__all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", "PendingGather"]
 
 log = logging.getLogger("omnihvd")
 
@@ -134,6 +136,51 @@ class HorovodComm:
 
     def allgather_object(self, obj) -> List[Any]:
         return self._hvd.allgather_object(obj, name=self._name())
+
+
+class TorchDistComm:
+    """torch.distributed collectives on one process group (DDP runs under torchrun).
+
+    Args:
+        group: the process group, e.g. a DDP model's ``process_group``; None for the
+            default group. ``torch.distributed`` must be initialised.
+
+    With the NCCL backend the payload travels as a CUDA tensor on the current device
+    (call ``torch.cuda.set_device(local_rank)`` first, as DDP needs anyway); with gloo
+    it stays on the CPU.
+    """
+
+    def __init__(self, group=None):
+        import torch
+        import torch.distributed as dist
+
+        self._torch, self._dist, self._group = torch, dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        nccl = dist.get_backend(group) == "nccl"
+        self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+
+    def iallgather(self, values) -> PendingGather:
+        torch = self._torch
+        send = torch.tensor(np.asarray(values, dtype=np.float64).ravel(), device=self._device)
+        recv = torch.empty(self.size * send.numel(), dtype=torch.float64, device=self._device)
+        # all_gather_single is the newer name (torch 2.13) of all_gather_into_tensor.
+        gather = getattr(self._dist, "all_gather_single", None) or self._dist.all_gather_into_tensor
+        work = gather(recv, send, group=self._group, async_op=True)
+
+        def wait():
+            work.wait()
+            return recv.view(self.size, -1).cpu().numpy().copy()
+
+        return PendingGather(wait, keep=(send, recv))
+
+    def allgather(self, values) -> np.ndarray:
+        return self.iallgather(values).wait()
+
+    def allgather_object(self, obj) -> List[Any]:
+        out: List[Any] = [None] * self.size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
 
 
 def make_comm(comm=None, *, rank: int, size: int):

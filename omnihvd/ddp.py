@@ -1,0 +1,304 @@
+"""OmniLearn balancing for ``torch.distributed`` / DistributedDataParallel (torchrun).
+
+The same balancing as :class:`~omnihvd.OmniLearnCallback` -- the same options,
+controller, size schedule, sampler, checkpoints and errors on every rank -- for a
+model wrapped in ``DistributedDataParallel`` and launched with ``torchrun`` (or
+``srun``): no Horovod and no MPI are imported. gloo on CPUs, NCCL on GPUs::
+
+    import torch, torch.distributed as dist, omnihvd
+    dist.init_process_group("gloo")        # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=512)
+    sampler = omnihvd.HeterogeneousBatchSampler(len(dataset), cb, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
+    cb.on_train_begin()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch); cb.on_epoch_begin(epoch)
+        for x, y in loader:
+            cb.on_batch_begin()
+            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+            cb.on_batch_end()
+        cb.on_epoch_end(epoch)
+    cb.on_train_end()
+
+Gradient weighting
+    :func:`weighted_allreduce_hook`, a DDP communication hook (a plain function
+    and the small :class:`WeightedAllreduceState`), multiplies each bucket by
+    ``b_i / B`` and allreduces with SUM, so after ``backward()`` every gradient is
+    ``sum_i (b_i / B) g_i``: the gradient of the mean loss over all B samples of the
+    step, when each rank's loss is the mean over its own samples. DDP does not
+    divide a hooked bucket by the world size (its own default hook does that), so
+    the hook's factor is the whole weighting. With weight 1 (before
+    ``on_train_begin``, after ``on_train_end``) it is DDP's plain mean.
+
+Timing boundary
+    DDP hands each gradient bucket to the hook as soon as backward has produced it,
+    in bucket order, and the hook only *launches* the allreduce; the rank waits for
+    its peers once, after backward has produced every bucket (DDP's finalisation
+    at the end of ``backward()``). So the local time ends when the hook receives
+    the last bucket (``bucket.is_last()``): data work since ``on_batch_begin``,
+    forward and the whole backward are in, waiting for other ranks is not. (The
+    first bucket would be too early: it holds the last layers' gradients, before
+    most of backward has run.) On CUDA the host reaches the last bucket before the
+    device has computed it, so the hook first synchronises the stream the gradients
+    were produced on -- ``torch.cuda.current_stream(device)``, never
+    ``torch.cuda.synchronize()``, which would also wait for NCCL's stream, i.e. for
+    the peers. The last bucket's allreduce waits for those kernels anyway, so the
+    cost is one host-side stream wait per step.
+
+Gathers
+    The timings travel over the DDP model's own process group
+    (:class:`~omnihvd.comm.TorchDistComm`: ``all_gather_into_tensor`` of a few
+    float64 per rank). The payload due at the end of step ``s`` is posted when step
+    ``s + 1`` begins and completed when it ends, overlapping that step's compute:
+    no collective is ever in flight between two steps, so a rank that leaves the
+    loop after its last step leaves nothing behind for a slower one. A payload due
+    after the last step is never posted, on any rank.
+
+Not covered: gradient accumulation with ``model.no_sync()`` (the hook sees only
+the accumulated bucket; such steps are not timed and the weights assume one
+backward per step), and :meth:`report_oom` (a rank whose backward fails leaves its
+peers in DDP's allreduce; the job is then ended by ``abort_on_exception``).
+"""
+import logging
+from typing import List, Optional
+
+from .callback import OmniLearnCallback
+from .comm import TorchDistComm
+from .errors import ConfigError
+from .weighting import GradientWeight
+
+__all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
+
+log = logging.getLogger("omnihvd")
+
+
+class WeightedAllreduceState:
+    """State of :func:`weighted_allreduce_hook`.
+
+    Args:
+        process_group: the group to allreduce over (None: the default group).
+        weight: the rank's current weight ``n * b_i / B`` (a
+            :class:`~omnihvd.weighting.GradientWeight`; 1.0 gives DDP's plain mean).
+        on_last_bucket: None, or a callable taking the bucket's device, called when
+            the hook receives the last bucket of a backward pass, before its
+            allreduce is launched (the timing boundary).
+    """
+
+    __slots__ = ("process_group", "weight", "on_last_bucket")
+
+    def __init__(self, process_group=None, weight: Optional[GradientWeight] = None,
+                 on_last_bucket=None):
+        self.process_group = process_group
+        self.weight = weight if weight is not None else GradientWeight(1.0)
+        self.on_last_bucket = on_last_bucket
+
+
+def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
+    """DDP communication hook: the bucket-size-weighted sum over ranks.
+
+    Multiplies the bucket by ``state.weight.value / n`` (``b_i / B`` for the weight
+    ``n * b_i / B``) and allreduces it with SUM over ``state.process_group``.
+
+    Args:
+        state: a :class:`WeightedAllreduceState`.
+        bucket: the ``torch.distributed.GradBucket`` DDP passes in.
+
+    Returns:
+        a ``torch.futures.Future`` holding the reduced bucket.
+
+    Example::
+
+        state = WeightedAllreduceState(model.process_group, GradientWeight(1.0))
+        model.register_comm_hook(state, weighted_allreduce_hook)
+        state.weight.value = n * b_i / B      # before each backward
+    """
+    import torch.distributed as dist
+
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    if state.on_last_bucket is not None and bucket.is_last():
+        state.on_last_bucket(buffer.device)
+    buffer.mul_(state.weight.value / group.size())
+    work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class _HookHandle:
+    """DDP cannot unregister a comm hook; removing ours stops its timing mark (and the
+    callback resets the weight to 1, i.e. DDP's plain mean)."""
+
+    def __init__(self, state: WeightedAllreduceState):
+        self._state = state
+
+    def remove(self):
+        self._state.on_last_bucket = None
+
+
+class _StepGather:
+    """An allgather requested at the end of one step, posted when the next one begins."""
+
+    def __init__(self, comm, values):
+        self._comm = comm
+        self._values = list(values)
+        self._posted = None
+
+    @property
+    def posted(self) -> bool:
+        return self._posted is not None
+
+    def post(self):
+        if self._posted is None:
+            self._posted = self._comm.iallgather(self._values)
+
+    def wait(self):
+        self.post()
+        return self._posted.wait()
+
+
+class _PostAtNextStep:
+    """The communicator, with non-blocking gathers deferred to the next step's begin."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.rank, self.size = comm.rank, comm.size
+
+    def iallgather(self, values) -> _StepGather:
+        return _StepGather(self._comm, values)
+
+    def allgather(self, values):
+        return self._comm.allgather(values)
+
+    def allgather_object(self, obj) -> List:
+        return self._comm.allgather_object(obj)
+
+
+class DDPOmniLearnCallback(OmniLearnCallback):
+    """OmniLearn dynamic batch sizing for a DistributedDataParallel training loop.
+
+    The hooks, options, properties (``batch_size``, ``batch_sizes``, ``history``),
+    checkpoints and sampler protocol are those of
+    :class:`~omnihvd.OmniLearnCallback`; what differs is how gradients are reduced
+    (a DDP communication hook) and where the local time ends (module docstring).
+
+    Args:
+        model: the ``torch.nn.parallel.DistributedDataParallel`` being trained, with
+            no communication hook of its own; the timings are gathered over its
+            ``process_group``.
+        global_batch_size: B, the samples per step over all ranks; held exactly.
+        initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
+        adjust_every, policy, settle_steps, timing, nonblocking: as for
+            :class:`~omnihvd.OmniLearnCallback`.
+        abort_on_exception: an uncaught exception on a rank prints it with the rank
+            and ends that process at once (``os._exit``), so ``torchrun`` ends the
+            others; default True with several ranks.
+
+    Raises:
+        ConfigError: ``torch.distributed`` is not initialised; or, on every rank,
+            when any rank's options or model are invalid (the message names the
+            rank and the fix).
+
+    Example: see the module docstring (:mod:`omnihvd.ddp`).
+    """
+
+    def __init__(self, model, global_batch_size: int, *,
+                 initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
+                 max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
+                 adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
+                 timing: str = "median", nonblocking: bool = True,
+                 abort_on_exception: Optional[bool] = None):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError("torch.distributed is not initialised: call "
+                              "dist.init_process_group('gloo' or 'nccl') before creating "
+                              "DDPOmniLearnCallback (torchrun sets its environment)")
+        # A DDP model's group; the default group otherwise, so that the check of the
+        # model below fails on every rank together.
+        group = getattr(model, "process_group", None)
+        self._comm = _PostAtNextStep(TorchDistComm(group))
+        self.rank, self.num_ranks = self._comm.rank, self._comm.size
+        self._hook_state: Optional[WeightedAllreduceState] = None
+        self._saw_last_bucket = False
+        self._warned_no_bucket = False
+        self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
+                                   min_batch_size, max_batch_size, deadband, gain,
+                                   adjust_every, policy, settle_steps, timing, nonblocking)
+        self._enable_abort(self.num_ranks > 1 if abort_on_exception is None
+                           else abort_on_exception)
+
+    # ------------------------------------------------------------ backend seams
+    def _check_backend(self, model, optimizer) -> bool:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            raise ConfigError("model must be a torch.nn.parallel.DistributedDataParallel, got %s; "
+                              "wrap it: model = DistributedDataParallel(net) (with "
+                              "device_ids=[local_rank] on GPUs)" % type(model).__name__)
+        hooks = getattr(model, "_comm_hooks", None)
+        if hooks:
+            raise ConfigError("the DDP model already has a communication hook (%s); DDP allows one "
+                              "and omnihvd's applies the batch-size weights: register none of "
+                              "your own" % ", ".join(getattr(h, "__name__", repr(h))
+                                                     for h, _ in hooks))
+        import torch
+
+        if any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
+            raise ConfigError("the model has torch.nn.SyncBatchNorm layers: their collectives in "
+                              "forward and backward make every rank wait inside the timed "
+                              "window, and their statistics gradients are not per-rank means, "
+                              "so the weighting would not be exact; use BatchNorm or GroupNorm")
+        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
+            log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
+                        "(broadcast_buffers=True), a collective inside the timed window; pass "
+                        "broadcast_buffers=False to DistributedDataParallel", self.rank)
+        return True  # the hook's weight is n * b_i / B, as for an averaging allreduce
+
+    def _install_hooks(self) -> list:
+        # DDP takes one comm hook per model, for good: register it on the first
+        # on_train_begin and only switch its timing mark on and off afterwards.
+        if self._hook_state is None:
+            state = WeightedAllreduceState(self._model.process_group, self._weight)
+            self._model.register_comm_hook(state, weighted_allreduce_hook)
+            self._hook_state = state
+        self._hook_state.on_last_bucket = self._on_last_bucket
+        return [_HookHandle(self._hook_state)]
+
+    def _on_last_bucket(self, device):
+        if device.type == "cuda":
+            import torch
+
+            # The compute stream only: the NCCL stream would mean waiting for peers.
+            torch.cuda.current_stream(device).synchronize()
+        self._saw_last_bucket = True
+        self.mark_compute_end()
+
+    # --------------------------------------------------------------- hooks
+    def on_batch_begin(self, batch=None, logs=None):
+        """Post the gather due from the last step; set the weight; start the timer."""
+        if self._pending is not None:
+            self._pending.post()  # completed in this step's on_batch_end
+        self._saw_last_bucket = False
+        super().on_batch_begin(batch, logs)
+
+    def on_batch_end(self, batch=None, logs=None):
+        """Record the step's local time; gather, decide and schedule when due."""
+        if self._timer.running and not self._saw_last_bucket:
+            # No gradient reached the hook (model.no_sync(), or no backward): the
+            # interval has no boundary, so it is not used.
+            self._drop_sample = True
+            if not self._warned_no_bucket:
+                self._warned_no_bucket = True
+                log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "
+                            "is not used (model.no_sync() accumulation is not supported)",
+                            self.rank, self.step)
+        super().on_batch_end(batch, logs)
+
+    def on_train_end(self, logs=None):
+        """Remove the timing mark (the hook then averages like plain DDP)."""
+        if self._pending is not None and not self._pending.posted:
+            self._pending = None  # never posted on any rank: nothing to complete
+        super().on_train_end(logs)
+
+    close = on_train_end
