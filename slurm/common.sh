@@ -59,6 +59,20 @@ omnihvd_horovod_hosts() {
     (IFS=,; echo "${hosts[*]}")
 }
 
+# omnihvd_master_addr: the address of the allocation's first node, where torchrun's
+# rendezvous runs (slurm/torchrun.sbatch). Slurm's NodeAddr, which is the host name on
+# most clusters and whatever Slurm itself uses to reach the node otherwise.
+omnihvd_master_addr() {
+    local first addr
+    first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+    if [ -z "$first" ]; then
+        echo "omnihvd_master_addr: no node in SLURM_JOB_NODELIST='${SLURM_JOB_NODELIST:-}'" >&2
+        return 1
+    fi
+    addr="$(scontrol show node "$first" -o 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
+    echo "${addr:-$first}"
+}
+
 # omnihvd_finish STATUS: end the batch script after the training step. STATUS
 # OMNIHVD_REQUEUE_EXIT means the job checkpointed on the time-limit signal: put it
 # back in the queue (it restarts with SLURM_RESTART_COUNT+1 and resumes from the

@@ -203,6 +203,30 @@ def test_hetjob_one_world_over_two_node_types_balances(cluster):
     assert max(slow) < min(fast), "the slow node type kept as much work: %s\n%s" % (result, log)
 
 
+def test_torchrun_ddp_over_two_nodes(cluster):
+    # One torchrun per node (srun), two ranks each, a c10d rendezvous on the first
+    # node: one world of 4 training with DDPOmniLearnCallback (no Horovod, no MPI).
+    job = cluster.submit("torchrun.sbatch", "--steps", 12, "--global-batch-size", 64,
+                         "--epochs", 2)
+    log = cluster.completed(job)
+    assert "style=torchrun" in log and re.search(r"rendezvous \S+:\d+, 2 nodes x 2 ranks", log), log
+    epochs = re.findall(r"^epoch (\d): .* batch sizes (\[[\d, ]+\])", log, re.M)
+    assert [e for e, _ in epochs] == ["0", "1"], log
+    for _, sizes in epochs:
+        sizes = json.loads(sizes)
+        assert len(sizes) == 4 and sum(sizes) == 64, log
+
+
+@pytest.mark.parametrize("nodelist", ["n[1-2]", "n2,n1"])
+def test_torchrun_master_addr_is_the_first_node(cluster, nodelist):
+    # The rendezvous host: the first node of the list, by Slurm's address for it.
+    script = 'source "%s/slurm/common.sh" && SLURM_JOB_NODELIST="%s" omnihvd_master_addr' % (
+        ROOT, nodelist)
+    first = "n1" if nodelist.startswith("n[") else "n2"
+    addr = re.search(r"NodeAddr=(\S+)", cluster.run("scontrol", "show", "node", first)).group(1)
+    assert cluster.run("bash", "-c", script).strip().splitlines()[-1] == addr
+
+
 def test_checkpoint_on_signal_requeue_and_resume(cluster):
     # Rank 1 emulates a slower device, so the sizes are unequal when the job is
     # signalled, and the resumed run must restore them, not restart from 64/64.

@@ -1,0 +1,166 @@
+"""A complete torchrun + DistributedDataParallel training script with omnihvd (no Horovod).
+
+The DDP twin of examples/train_fashion_mnist.py: Fashion-MNIST, a small CNN, the
+same options and the same per-epoch line. The omnihvd lines are marked "# omnihvd".
+Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
+
+    torchrun --standalone --nproc-per-node 3 examples/train_fashion_mnist_ddp.py --epochs 1
+    torchrun --standalone --nproc-per-node 3 examples/train_fashion_mnist_ddp.py --slowdown 1,1,3
+
+--mode chooses how the global batch is split over the ranks:
+
+  omnihvd  (default) DDPOmniLearnCallback + HeterogeneousBatchSampler, default options
+  plain    plain DDP: equal batches from a DistributedSampler, no omnihvd at all
+  fixed    omnihvd's sampler and gradient weighting with the sizes of --split
+           (e.g. --split 128,64,64) and balancing off: a hand-picked static split
+
+--slowdown makes rank i's local work per step about that many times slower: it
+sleeps after the forward pass, before backward (DDP waits for the other ranks inside
+backward, so a sleep after it would not count as this rank's work), for
+``(factor - 1) * 3 *`` the forward time (backward costs about twice the forward).
+--checkpoint PATH saves the model, optimizer, callback and sampler state after every
+epoch and resumes from it when it exists.
+
+Rank 0 prints one line per epoch: ``epoch E: T s, test accuracy A, batch sizes
+[b_0, ...], overhead O ms/step``, where T is the training time of the epoch
+(evaluation excluded) and the sizes are those in force at its end.
+"""
+import argparse
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import omnihvd
+from omnihvd.data import fashion_mnist
+from omnihvd.models import SmallCNN
+
+MODES = ("omnihvd", "plain", "fixed")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument("--steps", type=int, default=None,
+                   help="epochs of this many steps (the first steps*global-batch-size images)")
+    p.add_argument("--mode", choices=MODES, default="omnihvd")
+    p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
+    p.add_argument("--slowdown", default=None, help="per-rank factors, e.g. 1,1,3")
+    p.add_argument("--checkpoint", default=None)
+    args = p.parse_args()
+    if args.steps is not None:
+        args.limit = args.steps * args.global_batch_size
+    if (args.mode == "fixed") != (args.split is not None):
+        p.error("--split goes with --mode fixed, and --mode fixed needs --split")
+    if args.checkpoint and args.mode == "plain":
+        p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
+                "mid-training")
+    if args.split is not None:
+        args.split = [int(s) for s in args.split.split(",")]
+    return args
+
+
+def main():
+    args = parse_args()
+    gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if gpu else "gloo")   # torchrun set RANK, WORLD_SIZE, ...
+    rank, size = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else None
+    if gpu:
+        torch.cuda.set_device(device)
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(message)s")
+    torch.manual_seed(0)
+    train = fashion_mnist("train", limit=args.limit)
+    test = fashion_mnist("test", limit=2000)
+    net = SmallCNN().to(device)
+    # DDP broadcasts rank 0's parameters when it wraps the model.
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if gpu else None)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    cb = None
+    if args.mode == "plain":
+        if args.global_batch_size % size:
+            raise SystemExit("--mode plain splits --global-batch-size %d equally: make it a "
+                             "multiple of the %d ranks" % (args.global_batch_size, size))
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            train, num_replicas=size, rank=rank, shuffle=True, seed=0, drop_last=True)
+        loader = torch.utils.data.DataLoader(train, batch_size=args.global_batch_size // size,
+                                             sampler=sampler, drop_last=True)
+    else:
+        # "fixed": the given sizes, never adjusted (no adjustment step is ever reached).
+        options = {} if args.mode == "omnihvd" else dict(initial_batch_sizes=args.split,
+                                                         adjust_every=2 ** 62)
+        cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=args.global_batch_size,  # omnihvd
+                                          **options)
+        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                 # omnihvd
+        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
+
+    start_epoch = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint, weights_only=False, map_location=device)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
+        sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
+        start_epoch = state["sampler"]["epoch"]
+
+    factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
+    slowdown = factors[rank % len(factors)] if factors else 1.0
+
+    if cb is not None:
+        cb.on_train_begin()                                                              # omnihvd
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        if cb is not None:
+            cb.on_epoch_begin(epoch)                                                     # omnihvd
+        model.train()
+        t0 = time.perf_counter()
+        for x, y in loader:
+            if cb is not None:
+                cb.on_batch_begin()                                                      # omnihvd
+            x, y = x.to(device), y.to(device)
+            begin = time.perf_counter()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            if slowdown > 1:
+                time.sleep((slowdown - 1) * 3 * (time.perf_counter() - begin))
+            loss.backward()
+            opt.step()
+            if cb is not None:
+                cb.on_batch_end()                                                        # omnihvd
+        if cb is not None:
+            cb.on_epoch_end(epoch)                                                       # omnihvd
+        seconds = time.perf_counter() - t0
+        acc = evaluate(model.module, test, device)
+        if rank == 0:
+            sizes = cb.batch_sizes if cb is not None else [loader.batch_size] * size
+            overhead = 1000 * cb.overhead_per_step if cb is not None else 0.0
+            print("epoch %d: %.3f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
+                  % (epoch, seconds, acc, sizes, overhead), flush=True)
+        if args.checkpoint and rank == 0:
+            torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                        "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
+                       args.checkpoint)
+    if cb is not None:
+        cb.on_train_end()
+    dist.destroy_process_group()
+
+
+def evaluate(net, dataset, device):
+    # The wrapped module, not the DDP model: evaluation needs no collectives.
+    net.eval()
+    with torch.no_grad():
+        x, y = dataset.tensors
+        return float((net(x.to(device)).argmax(1) == y.to(device)).float().mean())
+
+
+if __name__ == "__main__":
+    main()
