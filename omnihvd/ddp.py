@@ -96,7 +96,7 @@ class WeightedAllreduceState:
 
 
 def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
-    """DDP communication hook: the bucket-size-weighted sum over ranks.
+    """DDP communication hook: the batch-size-weighted sum of the ranks' gradients.
 
     Multiplies the bucket by ``state.weight.value / n`` (``b_i / B`` for the weight
     ``n * b_i / B``) and allreduces it with SUM over ``state.process_group``.
