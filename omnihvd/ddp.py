@@ -50,11 +50,13 @@ Timing boundary
 Gathers
     The timings travel over the DDP model's own process group
     (:class:`~omnihvd.comm.TorchDistComm`: ``all_gather_into_tensor`` of a few
-    float64 per rank). The payload due at the end of step ``s`` is posted when step
-    ``s + 1`` begins and completed when it ends, overlapping that step's compute:
-    no collective is ever in flight between two steps, so a rank that leaves the
-    loop after its last step leaves nothing behind for a slower one. A payload due
-    after the last step is never posted, on any rank.
+    float64 per rank). As for Horovod, the gather of an ``adjust_every`` window is
+    posted at the wait boundary -- here inside the hook, just before the last
+    bucket's allreduce, which is the same place in every rank's sequence of
+    collectives -- runs beside the gradient allreduces, and is completed in
+    ``on_batch_end`` of the same step. No collective is in flight between steps or
+    after the last one, so a rank that leaves the loop first leaves nothing behind
+    for a slower one.
 
 Not covered: gradient accumulation with ``model.no_sync()`` (the hook sees only
 the accumulated bucket; such steps are not timed and the weights assume one
@@ -136,44 +138,6 @@ class _HookHandle:
         self._state.on_last_bucket = None
 
 
-class _StepGather:
-    """An allgather requested at the end of one step, posted when the next one begins."""
-
-    def __init__(self, comm, values):
-        self._comm = comm
-        self._values = list(values)
-        self._posted = None
-
-    @property
-    def posted(self) -> bool:
-        return self._posted is not None
-
-    def post(self):
-        if self._posted is None:
-            self._posted = self._comm.iallgather(self._values)
-
-    def wait(self):
-        self.post()
-        return self._posted.wait()
-
-
-class _PostAtNextStep:
-    """The communicator, with non-blocking gathers deferred to the next step's begin."""
-
-    def __init__(self, comm):
-        self._comm = comm
-        self.rank, self.size = comm.rank, comm.size
-
-    def iallgather(self, values) -> _StepGather:
-        return _StepGather(self._comm, values)
-
-    def allgather(self, values):
-        return self._comm.allgather(values)
-
-    def allgather_object(self, obj) -> List:
-        return self._comm.allgather_object(obj)
-
-
 class DDPOmniLearnCallback(OmniLearnCallback):
     """OmniLearn dynamic batch sizing for a DistributedDataParallel training loop.
 
@@ -217,10 +181,9 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         # A DDP model's group; the default group otherwise, so that the check of the
         # model below fails on every rank together.
         group = getattr(model, "process_group", None)
-        self._comm = _PostAtNextStep(TorchDistComm(group))
+        self._comm = TorchDistComm(group)
         self.rank, self.num_ranks = self._comm.rank, self._comm.size
         self._hook_state: Optional[WeightedAllreduceState] = None
-        self._saw_last_bucket = False
         self._warned_no_bucket = False
         self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain,
@@ -271,21 +234,13 @@ class DDPOmniLearnCallback(OmniLearnCallback):
 
             # The compute stream only: the NCCL stream would mean waiting for peers.
             torch.cuda.current_stream(device).synchronize()
-        self._saw_last_bucket = True
-        self.mark_compute_end()
+        self.mark_compute_end()  # the wait boundary: also posts a gather when one is due
 
     # --------------------------------------------------------------- hooks
-    def on_batch_begin(self, batch=None, logs=None):
-        """Post the gather due from the last step; set the weight; start the timer."""
-        if self._pending is not None:
-            self._pending.post()  # completed in this step's on_batch_end
-        self._saw_last_bucket = False
-        super().on_batch_begin(batch, logs)
-
     def on_batch_end(self, batch=None, logs=None):
         """Record the step's local time; gather, decide and schedule when due."""
-        if self._timer.running and not self._saw_last_bucket:
-            # No gradient reached the hook (model.no_sync(), or no backward): the
+        if self._timer.running:
+            # No last bucket reached the hook (model.no_sync(), or no backward): the
             # interval has no boundary, so it is not used.
             self._drop_sample = True
             if not self._warned_no_bucket:
@@ -294,11 +249,3 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                             "is not used (model.no_sync() accumulation is not supported)",
                             self.rank, self.step)
         super().on_batch_end(batch, logs)
-
-    def on_train_end(self, logs=None):
-        """Remove the timing mark (the hook then averages like plain DDP)."""
-        if self._pending is not None and not self._pending.posted:
-            self._pending = None  # never posted on any rank: nothing to complete
-        super().on_train_end(logs)
-
-    close = on_train_end
