@@ -179,6 +179,19 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("shape", ["no_train_end", "slow_end", "blocking"])
+def test_loop_ends_cleanly_on_every_rank(shape):
+    # 30 steps, a decision every 10: a gather is due in the very last step, when the
+    # fastest rank leaves; nothing may be left in flight for the slower ones.
+    proc = torchrun(3, os.path.join(HERE, "ddp_loop_end.py"), shape, 30, 10, timeout=120,
+                    check=False)
+    assert proc.returncode == 0, "exit %d:\n%s" % (proc.returncode, proc.stdout[-4000:])
+    done = [l for l in proc.stdout.splitlines() if "LOOP-END-OK" in l]
+    assert len(done) == 3 and all(" steps 30 " in l for l in done), proc.stdout[-4000:]
+    assert len({l.split(" sizes ")[1] for l in done}) == 1, done  # the same decisions
+
+
+@pytest.mark.mpi
 def test_a_failing_rank_ends_the_job():
     # Rank 1 raises while the others wait for it in DDP's allreduce, and a non-daemon
     # thread would keep its interpreter alive: the job must still end, non-zero,
