@@ -1,14 +1,10 @@
-"""The DDP backend (omnihvd.ddp): one process here, three ranks under a real torchrun.
-
-Single process (a gloo world of one, made here): the comm hook's factor, the timing
-boundary at the last bucket, errors, and that the module runs with Horovod hidden.
-Under ``torchrun --nproc-per-node 3`` (gloo, CPU): exactness against a one-process
-replay with sizes changing mid-run, sampler coverage, errors on every rank, and a
-failing rank ending the job. None of it needs Horovod: every script run here hides it.
+"""The DDP backend (omnihvd.ddp) in one process (a gloo world of one, made here): the
+comm hook's factor, the timing boundary at the last bucket, errors, the shared public
+shape with OmniLearnCallback, and that the module runs with Horovod hidden. The
+three-rank torchrun tests are in test_ddp_mpi.py.
 """
-import json
+import inspect
 import os
-import re
 import subprocess
 import sys
 
@@ -17,9 +13,8 @@ import torch
 import torch.distributed as dist
 
 from mpirun import ROOT
-from torchrun import torchrun
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_scripts")
+pytestmark = pytest.mark.single
 
 
 @pytest.fixture()
@@ -144,59 +139,16 @@ print("steps", cb.step, "horovod", [m for m in sys.modules if m.startswith("horo
     assert "steps 2 horovod []" in out.stdout, out.stdout[-3000:]
 
 
-# ------------------------------------------------------------ torchrun, 3 ranks
-@pytest.mark.mpi
-@pytest.mark.parametrize("workers,drop_last", [(0, 1), (2, 0)])
-def test_weighted_gradient_equals_single_process_global_batch(workers, drop_last):
-    # Sizes switch at steps 1 and 2 (a loaded schedule) and then by the controller
-    # (rank 0 is slowed); rank 0 replays every step in one process (float64).
-    out = torchrun(3, os.path.join(HERE, "ddp_train.py"), workers, drop_last).stdout
-    line = [l for l in out.splitlines() if l.startswith("DDP-RESULT ")]
-    assert line and "DDP-OK" in out, out[-4000:]
-    r = json.loads(line[0][len("DDP-RESULT "):])
-    assert r["max_grad_diff"] <= 1e-12 and r["max_param_diff"] <= 1e-12, r
-    assert len(r["distinct_sizes"]) >= 3 and r["adjustments"] >= 1, r
-    assert not r["horovod_imported"]
+def test_same_public_shape_as_the_horovod_callback():
+    # The same hooks and signatures, and every option but comm= with the same default.
+    from omnihvd.callback import OmniLearnCallback
+    from omnihvd.ddp import DDPOmniLearnCallback
 
-
-@pytest.mark.mpi
-def test_bad_or_inconsistent_configuration_raises_on_every_rank():
-    out = torchrun(3, os.path.join(HERE, "ddp_config.py"), timeout=180).stdout
-    found = re.findall(r"RANK (\d) SCENARIO (\S+) ERROR (\w+): (.*?)(?=RANK \d|\n|$)", out)
-    needles = {"bad-option-one-rank": ("rank 1", "deadband"),
-               "initial-sizes-one-rank": ("rank 2", "initial_batch_sizes"),
-               "not-ddp": ("DistributedDataParallel",),
-               "own-hook-one-rank": ("rank 0", "communication hook"),
-               "batch-mismatch": ("global_batch_size",),
-               "sampler-seed-mismatch": ("samplers",)}
-    for name, words in needles.items():
-        errors = [(r, kind, msg) for r, s, kind, msg in found if s == name]
-        assert sorted(r for r, _, _ in errors) == ["0", "1", "2"], (name, out[-4000:])
-        for _, kind, msg in errors:
-            assert kind in ("ConfigError", "RankMismatchError"), (name, kind, msg)
-            assert all(w in msg for w in words), (name, msg)
-    assert out.count("horovod-imported=False") == 3, out[-3000:]
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("shape", ["no_train_end", "slow_end", "blocking"])
-def test_loop_ends_cleanly_on_every_rank(shape):
-    # 30 steps, a decision every 10: a gather is due in the very last step, when the
-    # fastest rank leaves; nothing may be left in flight for the slower ones.
-    proc = torchrun(3, os.path.join(HERE, "ddp_loop_end.py"), shape, 30, 10, timeout=120,
-                    check=False)
-    assert proc.returncode == 0, "exit %d:\n%s" % (proc.returncode, proc.stdout[-4000:])
-    done = [l for l in proc.stdout.splitlines() if "LOOP-END-OK" in l]
-    assert len(done) == 3 and all(" steps 30 " in l for l in done), proc.stdout[-4000:]
-    assert len({l.split(" sizes ")[1] for l in done}) == 1, done  # the same decisions
-
-
-@pytest.mark.mpi
-def test_a_failing_rank_ends_the_job():
-    # Rank 1 raises while the others wait for it in DDP's allreduce, and a non-daemon
-    # thread would keep its interpreter alive: the job must still end, non-zero,
-    # with the rank named (run_bounded fails the test if it hangs).
-    proc = torchrun(3, os.path.join(HERE, "ddp_fail.py"), timeout=120, check=False)
-    assert proc.returncode != 0, proc.stdout[-3000:]
-    assert "omnihvd: rank 1 raised RuntimeError: injected failure at step 4" in proc.stdout
-    assert "should not happen" not in proc.stdout
+    for hook in ("on_train_begin", "on_epoch_begin", "on_batch_begin", "on_batch_end",
+                 "on_epoch_end", "on_train_end", "state_dict", "load_state_dict"):
+        assert (inspect.signature(getattr(DDPOmniLearnCallback, hook))
+                == inspect.signature(getattr(OmniLearnCallback, hook))), hook
+    hvd = inspect.signature(OmniLearnCallback.__init__).parameters
+    ddp = inspect.signature(DDPOmniLearnCallback.__init__).parameters
+    assert [n for n in hvd if n not in ("optimizer", "comm")] == list(ddp)
+    assert all(ddp[n].default == hvd[n].default for n in ddp), ddp
