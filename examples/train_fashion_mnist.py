@@ -1,14 +1,27 @@
 """A complete Horovod training script with omnihvd: Fashion-MNIST, a small CNN.
 
-The omnihvd lines are marked "# omnihvd". Run it like any Horovod job:
+Shaped like Horovod's examples/pytorch/pytorch_mnist.py; the omnihvd lines are
+marked "# omnihvd". Run it like any Horovod job:
 
     horovodrun -np 4 .venv/bin/python examples/train_fashion_mnist.py --epochs 1
     mpirun -np 4 .venv/bin/python examples/train_fashion_mnist.py --slowdown 1,1,2,4
+
+--mode chooses how the global batch is split over the ranks:
+
+  omnihvd  (default) OmniLearnCallback + HeterogeneousBatchSampler, default options
+  plain    plain Horovod: equal batches from a DistributedSampler, no omnihvd at all
+  fixed    omnihvd's sampler and gradient weighting with the sizes of --split
+           (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
 --slowdown makes rank i's local work per step that many times slower (it sleeps
 after backward, before opt.step()), to watch omnihvd rebalance on one machine.
 --checkpoint PATH saves the model, optimizer, callback and sampler state after
 every epoch and resumes from it when it exists.
+
+Rank 0 prints one line per epoch (benchmarks/realhet.py reads it):
+``epoch E: T s, test accuracy A, batch sizes [b_0, ...], ...`` where T is the
+training time of the epoch (evaluation excluded) and the sizes are those in force
+at its end.
 """
 import argparse
 import logging
@@ -23,17 +36,36 @@ import omnihvd
 from omnihvd.data import fashion_mnist
 from omnihvd.models import SmallCNN
 
+MODES = ("omnihvd", "plain", "fixed")
 
-def main():
+
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--global-batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument("--steps", type=int, default=None,
+                   help="epochs of this many steps (the first steps*global-batch-size images)")
+    p.add_argument("--mode", choices=MODES, default="omnihvd")
+    p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
     p.add_argument("--slowdown", default=None, help="per-rank factors, e.g. 1,1,2,4")
     p.add_argument("--checkpoint", default=None)
     args = p.parse_args()
+    if args.steps is not None:
+        args.limit = args.steps * args.global_batch_size
+    if (args.mode == "fixed") != (args.split is not None):
+        p.error("--split goes with --mode fixed, and --mode fixed needs --split")
+    if args.checkpoint and args.mode == "plain":
+        p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
+                "mid-training")
+    if args.split is not None:
+        args.split = [int(s) for s in args.split.split(",")]
+    return args
 
+
+def main():
+    args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO if hvd.rank() == 0 else logging.WARNING,
@@ -46,9 +78,23 @@ def main():
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-    cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size)  # omnihvd
-    sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd
-    loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
+    cb = None
+    if args.mode == "plain":
+        if args.global_batch_size % hvd.size():
+            raise SystemExit("--mode plain splits --global-batch-size %d equally: make it a "
+                             "multiple of the %d ranks" % (args.global_batch_size, hvd.size()))
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            train, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0, drop_last=True)
+        loader = torch.utils.data.DataLoader(train, batch_size=args.global_batch_size // hvd.size(),
+                                             sampler=sampler, drop_last=True)
+    else:
+        # "fixed": the given sizes, never adjusted (no adjustment step is ever reached).
+        options = {} if args.mode == "omnihvd" else dict(initial_batch_sizes=args.split,
+                                                         adjust_every=2 ** 62)
+        cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,  # omnihvd
+                                       **options)
+        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd
+        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
 
     start_epoch = 0
     if args.checkpoint and os.path.exists(args.checkpoint):
@@ -62,14 +108,17 @@ def main():
     factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
     slowdown = factors[hvd.rank() % len(factors)] if factors else 1.0
 
-    cb.on_train_begin()                                                                  # omnihvd
+    if cb is not None:
+        cb.on_train_begin()                                                              # omnihvd
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        cb.on_epoch_begin(epoch)                                                         # omnihvd
+        if cb is not None:
+            cb.on_epoch_begin(epoch)                                                     # omnihvd
         model.train()
         t0 = time.perf_counter()
         for x, y in loader:
-            cb.on_batch_begin()                                                          # omnihvd
+            if cb is not None:
+                cb.on_batch_begin()                                                      # omnihvd
             begin = time.perf_counter()
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
@@ -77,18 +126,23 @@ def main():
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - begin))
             opt.step()
-            cb.on_batch_end()                                                            # omnihvd
-        cb.on_epoch_end(epoch)                                                           # omnihvd
+            if cb is not None:
+                cb.on_batch_end()                                                        # omnihvd
+        if cb is not None:
+            cb.on_epoch_end(epoch)                                                       # omnihvd
+        seconds = time.perf_counter() - t0
         acc = evaluate(model, test)
         if hvd.rank() == 0:
-            print("epoch %d: %.1f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
-                  % (epoch, time.perf_counter() - t0, acc, cb.batch_sizes,
-                     1000 * cb.overhead_per_step), flush=True)
+            sizes = cb.batch_sizes if cb is not None else [loader.batch_size] * hvd.size()
+            overhead = 1000 * cb.overhead_per_step if cb is not None else 0.0
+            print("epoch %d: %.3f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
+                  % (epoch, seconds, acc, sizes, overhead), flush=True)
         if args.checkpoint and hvd.rank() == 0:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
                        args.checkpoint)
-    cb.on_train_end()
+    if cb is not None:
+        cb.on_train_end()
 
 
 def evaluate(model, dataset):

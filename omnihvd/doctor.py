@@ -505,6 +505,30 @@ def _check_data() -> Check:
     return Check("Fashion-MNIST", OK, folder)
 
 
+# A CFS period longer than this lets a rank that waits for its peers -- MPI polls
+# while it waits, which counts as CPU time -- exhaust its quota and then stall for
+# the rest of the period; measured in docs/cpu-quotas.rst.
+QUOTA_PERIOD_LIMIT_US = 20000
+
+
+def _check_cpu_quota(root: str = "/") -> Check:
+    """WARN when this process runs under a CFS quota with a long period (docs/cpu-quotas.rst)."""
+    from .cpulimits import cpu_quotas
+
+    quotas = cpu_quotas("self", root=root)
+    if not quotas:
+        return Check("CPU quota", OK, "no CFS quota on this process")
+    detail = "; ".join("%.2f cores per %g ms (%s)" % (q.cores, q.period_us / 1000, q.path)
+                       for q in quotas)
+    long = [q for q in quotas if q.period_us > QUOTA_PERIOD_LIMIT_US]
+    if not long:
+        return Check("CPU quota", OK, detail)
+    return Check("CPU quota", WARN, "CFS quota " + detail + ": with a period this long, a rank "
+                 "that polls in MPI while waiting for its peers uses up its quota and stalls "
+                 "for the rest of the period (Horovod steps can take 10-30x longer)",
+                 "see docs/cpu-quotas.rst")
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -564,10 +588,11 @@ def run_checks(timeout: float = 60.0):
         except Exception as e:  # noqa: BLE001 - a bug here must not hide the others
             checks.append(Check(check.__name__[7:], FAIL, "the check itself failed: "
                                 + _short_error(e), "report this as an omnihvd bug"))
-    try:
-        checks.append(_check_data())
-    except Exception as e:  # noqa: BLE001
-        checks.append(Check("Fashion-MNIST", WARN, _short_error(e), ""))
+    for name, check in (("Fashion-MNIST", _check_data), ("CPU quota", _check_cpu_quota)):
+        try:
+            checks.append(check())
+        except Exception as e:  # noqa: BLE001
+            checks.append(Check(name, WARN, _short_error(e), ""))
     stopped = _check_probe(facts)
     if stopped is not None:
         checks.append(stopped)

@@ -1,0 +1,548 @@
+"""Real CPU heterogeneity, imposed from outside on an unmodified Horovod training script.
+
+The ranks of examples/train_fashion_mnist.py (the README's drop-in lines, shaped like
+Horovod's examples/pytorch/pytorch_mnist.py) are started under mpirun and made
+unequal from the outside, as docker/Kubernetes would: each rank's process is found
+(the children of mpirun whose /proc/PID/environ holds OMPI_COMM_WORLD_RANK), pinned
+to a core set (every thread, like ``taskset -a -p -c``) and/or put in a cgroup with a
+CFS quota (``cpu.cfs_quota_us``; v2 ``cpu.max``). Scenarios may change the placement
+after an epoch (dynamic heterogeneity). See docs/real-heterogeneity.rst.
+
+For each scenario, interleaved over ``--repeats`` repeats, it runs the script in
+three modes: plain Horovod (equal split), omnihvd (default options) and fixed splits
+(omnihvd's sampler and weighting, balancing off) derived from the known CPU shares,
+and reports per mode the median time of the measured (last) epoch, the best fixed
+split, the ratios and omnihvd's spread over repeats::
+
+    flock -x /tmp/omnihvd-cpu.lock .venv/bin/python benchmarks/realhet.py \\
+        --scenarios 2:1:1 --merge          # or bash benchmarks/run_realhet.sh
+
+A scenario is a name from SCENARIOS or ``NAME=SPEC``. SPEC has one phase per epoch
+boundary, separated by ``|`` (the last phase lasts to the end); a phase is
+``pin=PLAN`` (per-rank CPU sets, e.g. ``0,1,1``: rank 0 alone on CPU 0, ranks 1-2
+sharing CPU 1), ``quota=Q0,Q1,...`` (cores per rank, e.g. ``1,0.6,0.3``) or
+``quota=HLk`` (the paper's level as CPU shares), or both separated by a space.
+
+Results: <out>.json (every run) and <out>.md (the table).
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)   # the harness's own omnihvd (cpulimits, emulate): not the code tested
+
+from omnihvd import cpulimits, emulate  # noqa: E402
+from omnihvd.controller import apportion  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "examples", "train_fashion_mnist.py")
+GROUP_PREFIX = "omnihvd-realhet-"
+# The paper's levels as CPU shares: a worker's cores / 32, so HL8's fastest worker
+# (32 cores) gets one whole core, and every level has the same total (1.5 cores).
+HL_CORES_PER_CPU = float(max(max(c) for c in emulate.LEVEL_CORES.values()))
+SCENARIOS = {
+    "2:1:1": "pin=0,1,1",
+    "3:1:1:1": "pin=0,1,1,1",
+    "quota-100/60/30": "quota=1,0.6,0.3",
+    "HL1": "quota=HL1",
+    "HL2": "quota=HL2",
+    "HL4": "quota=HL4",
+    "HL8": "quota=HL8",
+    "2:1:1->1:2:1": "pin=0,1,1 | pin=1,0,1",
+}
+DEFAULT_SCENARIOS = ("2:1:1", "3:1:1:1", "quota-100/60/30", "HL2", "HL4", "HL8", "2:1:1->1:2:1")
+EPOCH_LINE = re.compile(r"^epoch (\d+): ([\d.]+) s, test accuracy ([\d.]+), batch sizes "
+                        r"\[([\d, ]+)\]")
+
+
+class Phase(NamedTuple):
+    """Placement of every rank during one phase: CPU sets and/or quotas (cores)."""
+    cpus: Optional[List[Tuple[int, ...]]]
+    quota: Optional[List[float]]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.cpus if self.cpus is not None else self.quota)
+
+
+def parse_phase(text: str, available: Sequence[int]) -> Phase:
+    """One phase of a scenario spec (see the module docstring)."""
+    cpus = quota = None
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if key == "pin" and sep:
+            cpus = emulate.parse_cpu_plan(value, available=available)
+        elif key == "quota" and sep and value.upper() in emulate.LEVEL_CORES:
+            quota = [c / HL_CORES_PER_CPU for c in emulate.LEVEL_CORES[value.upper()]]
+        elif key == "quota" and sep:
+            try:
+                quota = [float(v) for v in value.split(",")]
+            except ValueError:
+                quota = None
+            if not quota or not all(0 < q <= len(available) for q in quota):
+                raise SystemExit("quota=%s: give cores per rank, each in (0, %d], e.g. "
+                                 "quota=1,0.6,0.3, or a level such as quota=HL4"
+                                 % (value, len(available)))
+        else:
+            raise SystemExit("cannot read %r in phase %r: write pin=PLAN and/or quota=LIST"
+                             % (item, text))
+    if cpus is None and quota is None:
+        raise SystemExit("empty phase %r: write pin=PLAN and/or quota=LIST" % text)
+    if cpus is not None and quota is not None and len(cpus) != len(quota):
+        raise SystemExit("phase %r: pin names %d ranks, quota %d" % (text, len(cpus), len(quota)))
+    return Phase(cpus, quota)
+
+
+def parse_spec(spec: str, available: Sequence[int]) -> List[Phase]:
+    phases = [parse_phase(p, available) for p in spec.split("|")]
+    if len({p.num_ranks for p in phases}) != 1:
+        raise SystemExit("scenario %r: every phase must place the same number of ranks" % spec)
+    return phases
+
+
+def shares(phase: Phase, available: Sequence[int]) -> List[float]:
+    """Each rank's expected CPU in cores: one busy thread per rank, CPUs split equally
+    between the ranks pinned to them, capped by the quota; unpinned ranks share all
+    CPUs, and what capped ranks leave goes to the others (water-filling)."""
+    n = phase.num_ranks
+    cap = [1.0] * n if phase.quota is None else [min(1.0, q) for q in phase.quota]
+    if phase.cpus is None:
+        out, free, left = [0.0] * n, float(len(available)), list(range(n))
+        while left:
+            fair = free / len(left)
+            capped = [r for r in left if cap[r] <= fair]
+            if not capped:
+                for r in left:
+                    out[r] = fair
+                break
+            for r in capped:
+                out[r] = cap[r]
+                free -= cap[r]
+                left.remove(r)
+        return out
+    users = {}
+    for cpus in phase.cpus:
+        for c in cpus:
+            users[c] = users.get(c, 0) + 1
+    return [min(cap[r], sum(1.0 / users[c] for c in cpus)) for r, cpus in enumerate(phase.cpus)]
+
+
+def candidate_splits(phases: List[Phase], B: int, lambdas: Sequence[float],
+                     available: Sequence[int]) -> List[List[int]]:
+    """Fixed splits a user who knew the shares would try: equal + lambda*(proportional -
+    equal) for each lambda for the last phase, and the proportional split of each
+    earlier phase; duplicates and the equal split (= plain) dropped."""
+    n = phases[0].num_ranks
+    equal = apportion([1.0] * n, B)
+    wanted = [(phases[-1], lam) for lam in lambdas] + [(p, 1.0) for p in phases[:-1]]
+    out = []
+    for phase, lam in wanted:
+        s = shares(phase, available)
+        prop = [B * v / sum(s) for v in s]
+        target = [max(1e-9, e + lam * (p - e)) for e, p in zip(equal, prop)]
+        split = apportion(target, B)
+        if split not in out and split != equal:
+            out.append(split)
+    return out
+
+
+# ------------------------------------------------------------------ one run
+
+def find_ranks(mpirun, n: int, timeout: float = 120.0) -> List[int]:
+    """Pids of ranks 0..n-1: descendants of the ``mpirun`` Popen with OMPI_COMM_WORLD_RANK set."""
+    deadline, found = time.time() + timeout, {}
+    while time.time() < deadline and mpirun.poll() is None:
+        found = {}
+        for pid in cpulimits.descendants(mpirun.pid):
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            for item in env:
+                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    found[int(item.split(b"=", 1)[1])] = pid
+        if len(found) == n:
+            return [found[r] for r in range(n)]
+        time.sleep(0.02)
+    raise RuntimeError("found only ranks %s of %d under mpirun %d (%s)"
+                       % (sorted(found), n, mpirun.pid, "it exited" if mpirun.poll() is not None
+                          else "not within %.0f s" % timeout))
+
+
+class Placer:
+    """Applies phases to the ranks of one run; owns the run's quota groups."""
+
+    def __init__(self, pids: List[int], tag: str, period_us: int, available: Sequence[int]):
+        self.pids, self.tag, self.period_us = pids, tag, period_us
+        self.available = tuple(available)
+        self.groups = {}
+        self.created = []   # every group made, for the record
+
+    def apply(self, phase: Phase) -> None:
+        for rank, pid in enumerate(self.pids):
+            cpus = phase.cpus[rank] if phase.cpus is not None else self.available
+            cpulimits.pin(pid, cpus)
+            quota = phase.quota[rank] if phase.quota is not None else None
+            if quota is not None and rank not in self.groups:
+                group = cpulimits.QuotaGroup("%s%d-%s-r%d" % (GROUP_PREFIX, os.getpid(), self.tag,
+                                                             rank))
+                self.groups[rank] = group
+                self.created.append(group)
+                group.set_quota(quota, self.period_us)
+                group.add(pid)
+            elif rank in self.groups:
+                self.groups[rank].set_quota(quota, self.period_us)
+                self.groups[rank].add(pid)   # threads started since
+
+    def close(self):
+        """Remove the groups; return their cpu.stat counters by rank (throttling)."""
+        errors, stats = [], {rank: g.stats() for rank, g in self.groups.items()}
+        for group in self.groups.values():
+            try:
+                group.close()
+            except cpulimits.CpuLimitError as exc:
+                errors.append(str(exc))
+        self.groups = {}
+        if errors:
+            print("warning: " + "; ".join(errors), file=sys.stderr, flush=True)
+        return stats
+
+
+def process_cpu(pid: int) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` (all its threads), None once gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_seconds() -> float:
+    """CPU seconds used on this machine so far, by everyone (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]   # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], tag: str) -> dict:
+    """One mpirun of the training script under the scenario's placements."""
+    n = phases[0].num_ranks
+    epochs = args.epochs or len(phases) + 1
+    cmd = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none",
+           args.python, args.script, "--mode", mode, "--epochs", str(epochs),
+           "--global-batch-size", str(args.batch_per_rank * n)]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    if split is not None:
+        cmd += ["--split", ",".join(map(str, split))]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (args.code, env.get("PYTHONPATH")) if p)
+    env.update(dict(e.split("=", 1) for e in args.env))
+    lines, epoch_seen = [], threading.Condition()
+    started, cpu0, busy0 = time.time(), children_cpu(), busy_seconds()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+    def read():
+        for line in proc.stdout:
+            with epoch_seen:
+                lines.append(line.rstrip("\n"))
+                epoch_seen.notify_all()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    placer, changes, error, pids, throttling, rank_cpu = None, [], None, [], {}, []
+    try:
+        pids = find_ranks(proc, n)
+        placer = Placer(pids, tag, args.period_us, args.available)
+        placer.apply(phases[0])
+        changes.append({"phase": 0, "t": time.time() - started})
+        next_phase, deadline = 1, started + args.run_timeout
+        rank_cpu = [0.0] * n
+        while proc.poll() is None and time.time() < deadline:
+            # Each rank's CPU time, last seen alive: shows time spent polling in waits.
+            rank_cpu = [c if c is not None else old
+                        for c, old in zip(map(process_cpu, pids), rank_cpu)]
+            with epoch_seen:
+                epoch_seen.wait(0.05)
+                done = [int(m.group(1)) for m in map(EPOCH_LINE.match, lines) if m]
+            if next_phase < len(phases) and done and max(done) >= next_phase - 1:
+                placer.apply(phases[next_phase])
+                changes.append({"phase": next_phase, "t": time.time() - started,
+                                "after_epoch": next_phase - 1})
+                next_phase += 1
+        if proc.poll() is None:
+            error = "timed out after %d s" % args.run_timeout
+    except (RuntimeError, cpulimits.CpuLimitError) as exc:
+        error = str(exc)
+    finally:
+        if proc.poll() is None:
+            cpulimits.kill_session(proc.pid)
+        proc.wait()
+        reader.join(5)
+        if placer is not None:
+            throttling = placer.close()
+    own_cpu = children_cpu() - cpu0
+    record = {"mode": mode, "split": split, "rc": proc.returncode, "error": error,
+              "wall_s": time.time() - started, "cpu_s": own_cpu,
+              "foreign_cpu_s": max(0.0, busy_seconds() - busy0 - own_cpu),
+              "changes": changes, "epochs": [], "mpirun_pid": proc.pid, "pids": pids,
+              "groups": [g.path for g in placer.created] if placer is not None else [],
+              "cgroup_stats": throttling, "rank_cpu_s": rank_cpu}
+    for m in map(EPOCH_LINE.match, lines):
+        if m:
+            record["epochs"].append({"epoch": int(m.group(1)), "seconds": float(m.group(2)),
+                                     "accuracy": float(m.group(3)),
+                                     "sizes": [int(v) for v in m.group(4).split(",")]})
+    if proc.returncode != 0 or error or len(record["epochs"]) != epochs:
+        record["error"] = error or "exit %s, %d of %d epoch lines" % (
+            proc.returncode, len(record["epochs"]), epochs)
+        record["output_tail"] = "\n".join(lines[-40:])
+    else:
+        record["measured_s"] = record["epochs"][-1]["seconds"]
+        record["final_sizes"] = record["epochs"][-1]["sizes"]
+    return record
+
+
+# ------------------------------------------------------------------ scenarios
+
+def run_scenario(args, name: str, spec: str) -> dict:
+    phases = parse_spec(spec, args.available)
+    n = phases[0].num_ranks
+    B = args.batch_per_rank * n
+    modes = [(m, None) for m in ("plain", "omnihvd") if m in args.modes]
+    candidates = candidate_splits(phases, B, args.lambdas, args.available)
+    if "fixed" in args.modes:
+        modes += [("fixed", s) for s in candidates]
+    runs = []
+    for repeat in range(args.repeats):
+        for k, (mode, split) in enumerate(modes):
+            tag = "%d-%d" % (repeat, k)
+            rec = run_once(args, phases, mode, split, tag)
+            rec["repeat"] = repeat
+            runs.append(rec)
+            print("  %-16s repeat %d %-7s %-16s %s" % (
+                name, repeat, mode, ",".join(map(str, split)) if split else "",
+                "%.3f s, sizes %s, foreign cpu %.1f s" % (rec["measured_s"], rec["final_sizes"],
+                                                          rec["foreign_cpu_s"])
+                if "measured_s" in rec else "FAILED: " + rec["error"]), flush=True)
+    return summarize(name, spec, phases, B, runs, args)
+
+
+def _median(runs, mode, split=None):
+    times = [r["measured_s"] for r in runs if r["mode"] == mode and r["split"] == split
+             and "measured_s" in r]
+    return (statistics.median(times), times) if times else (None, [])
+
+
+def summarize(name, spec, phases, B, runs, args) -> dict:
+    plain, plain_times = _median(runs, "plain")
+    omni, omni_times = _median(runs, "omnihvd")
+    fixed = {}
+    for r in runs:
+        if r["mode"] == "fixed":
+            fixed.setdefault(tuple(r["split"]), None)
+    fixed = {s: _median(runs, "fixed", list(s)) for s in fixed}
+    best = min((s for s in fixed if fixed[s][0] is not None), key=lambda s: fixed[s][0],
+               default=None)
+    best_s = fixed[best][0] if best is not None else None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    def spread(times):
+        return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else None
+
+    return {
+        "scenario": name, "spec": spec, "ranks": phases[0].num_ranks, "global_batch": B,
+        "shares": [[round(v, 4) for v in shares(p, args.available)] for p in phases],
+        "period_us": args.period_us, "env": args.env, "repeats": args.repeats,
+        "plain_s": plain, "omnihvd_s": omni, "best_fixed_s": best_s,
+        "best_fixed_split": list(best) if best is not None else None,
+        "fixed": [{"split": list(s), "median_s": m, "times": t} for s, (m, t) in fixed.items()],
+        "omnihvd_vs_best_fixed": ratio(best_s, omni),   # throughput ratio, >= 0.97 wanted
+        "omnihvd_vs_plain": ratio(plain, omni),          # speed-up over plain Horovod
+        "fixed_vs_plain": ratio(plain, best_s),
+        "omnihvd_times": omni_times, "plain_times": plain_times,
+        "omnihvd_spread": spread(omni_times),
+        "best_fixed_spread": spread(fixed[best][1]) if best is not None else None,
+        "omnihvd_final_sizes": [r["final_sizes"] for r in runs
+                                if r["mode"] == "omnihvd" and "final_sizes" in r],
+        "failed_runs": sum("measured_s" not in r for r in runs),
+        "foreign_cpu_s_max": max((r["foreign_cpu_s"] for r in runs), default=None),
+        "runs": runs,
+    }
+
+
+def _fmt(v, f="%.3f"):
+    return "-" if v is None else f % v
+
+
+def markdown(doc) -> str:
+    out = ["Command: `%s`" % doc["command"], "",
+           "Code measured: %s (%s); %s; %d CPUs; %s UTC; %.0f s." % (
+               doc["code_tree"], doc["code_version"] or "?", doc["machine"]["platform"],
+               doc["machine"]["cpus"], doc["finished"], doc["wall_s"]), "",
+           "Times are the median over the repeats of the last epoch's training time "
+           "(seconds); ratios are throughput ratios (higher is better for the first named).", "",
+           "| scenario | spec | plain s | omnihvd s | best fixed s (split) | omnihvd / best fixed "
+           "| omnihvd / plain | fixed / plain | omnihvd spread | omnihvd final sizes |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in doc["scenarios"]:
+        extra = []
+        if s["period_us"] != 10000:
+            extra.append("period %g ms" % (s["period_us"] / 1000))
+        extra += s["env"]
+        out.append("| %s | `%s`%s | %s | %s | %s (%s) | %s | %s | %s | %s | %s |" % (
+            s["scenario"], s["spec"].replace("|", "\\|"), (" " + ", ".join(extra)) if extra else "",
+            _fmt(s["plain_s"]), _fmt(s["omnihvd_s"]), _fmt(s["best_fixed_s"]),
+            ",".join(map(str, s["best_fixed_split"] or [])) or "-",
+            _fmt(s["omnihvd_vs_best_fixed"], "%.2f"), _fmt(s["omnihvd_vs_plain"], "%.2fx"),
+            _fmt(s["fixed_vs_plain"], "%.2fx"), _fmt(s["omnihvd_spread"] and
+                                                     100 * s["omnihvd_spread"], "%.1f%%"),
+            " ".join("/".join(map(str, v)) for v in s["omnihvd_final_sizes"])))
+    out.append("")
+    out.append("Fixed splits tried (median s): " + "; ".join(
+        "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
+                                                      _fmt(f["median_s"])) for f in s["fixed"]))
+        for s in doc["scenarios"] if s["fixed"]))
+    return "\n".join(out) + "\n"
+
+
+def code_version(tree: str) -> Optional[str]:
+    try:
+        return subprocess.run(["git", "-C", tree, "describe", "--always", "--dirty=+dirty"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def scenario_arg(text: str) -> Tuple[str, Optional[str]]:
+    """``(name, spec)`` from a name of SCENARIOS, ``NAME=SPEC``, or a bare SPEC."""
+    name, sep, rest = text.partition("=")
+    if name in ("pin", "quota"):
+        return text, text
+    return (name, rest) if sep else (text, SCENARIOS.get(text))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenarios", nargs="+", default=list(DEFAULT_SCENARIOS),
+                   help="names (%s) or NAME=SPEC, e.g. 'mine=pin=0,1,1'" % ", ".join(SCENARIOS))
+    p.add_argument("--modes", default="plain,omnihvd,fixed")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs per run (default: one per phase, plus one measured)")
+    p.add_argument("--steps", type=int, default=100,
+                   help="steps per epoch (0: full Fashion-MNIST epochs)")
+    p.add_argument("--batch-per-rank", type=int, default=64, help="global batch = this * ranks")
+    p.add_argument("--lambdas", default="0.8,1,1.2",
+                   help="fixed splits: equal + lambda * (proportional to shares - equal)")
+    p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the ranks (repeatable)")
+    p.add_argument("--code", default=ROOT,
+                   help="omnihvd tree to test (put first on the ranks' PYTHONPATH)")
+    p.add_argument("--script", default=SCRIPT)
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("--run-timeout", type=int, default=300, help="seconds per run")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "realhet"),
+                   help="writes OUT.json and OUT.md")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other scenarios already in OUT.json")
+    args = p.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = set(args.modes) - {"plain", "omnihvd", "fixed"}
+    if bad:
+        p.error("unknown modes %s" % sorted(bad))
+    args.lambdas = [float(v) for v in args.lambdas.split(",")]
+    args.code = os.path.abspath(args.code)
+    args.available = sorted(os.sched_getaffinity(0))
+    args.scenarios = [scenario_arg(s) for s in args.scenarios]
+    for name, spec in args.scenarios:
+        if spec is None:
+            p.error("unknown scenario %r; choose from %s or write NAME=SPEC"
+                    % (name, ", ".join(SCENARIOS)))
+        parse_spec(spec, args.available)
+    for e in args.env:
+        if "=" not in e:
+            p.error("--env needs KEY=VALUE, got %r" % e)
+    return args
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt("signal %d" % signum)   # runs every finally: groups, processes
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        stale = cpulimits.remove_stale_groups(GROUP_PREFIX, cpulimits.find_cpu_controller())
+        if stale:
+            print("removed stale cgroups of killed runs: %s" % ", ".join(stale))
+    except cpulimits.CpuLimitError as exc:
+        if any(p.quota is not None for _, spec in args.scenarios
+               for p in parse_spec(spec, args.available)):
+            raise SystemExit("CPU quotas are not available here: %s" % exc)
+    started = time.time()
+    doc = {"scenarios": []}
+    if args.merge and os.path.exists(args.out + ".json"):
+        with open(args.out + ".json") as f:
+            doc = json.load(f)
+    for name, spec in args.scenarios:
+        print("scenario %s (%s): %d repeats" % (name, spec, args.repeats), flush=True)
+        result = run_scenario(args, name, spec)
+        key = (name, result["period_us"], result["env"])
+        doc["scenarios"] = [s for s in doc["scenarios"]
+                            if (s["scenario"], s["period_us"], s["env"]) != key] + [result]
+        doc.update({
+            "command": " ".join(["python", os.path.relpath(__file__, ROOT)] +
+                                (sys.argv[1:] if argv is None else list(argv))),
+            "code_tree": args.code, "code_version": code_version(args.code),
+            "script": os.path.relpath(args.script, ROOT),
+            "finished": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "wall_s": time.time() - started,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "load_average": os.getloadavg()}})
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".json.tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(args.out + ".json.tmp", args.out + ".json")
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(doc))
+        print("  -> plain %s, omnihvd %s, best fixed %s %s; omnihvd/best fixed %s, omnihvd/plain "
+              "%s, spread %s" % (_fmt(result["plain_s"]), _fmt(result["omnihvd_s"]),
+                                 _fmt(result["best_fixed_s"]), result["best_fixed_split"],
+                                 _fmt(result["omnihvd_vs_best_fixed"], "%.3f"),
+                                 _fmt(result["omnihvd_vs_plain"], "%.3f"),
+                                 _fmt(result["omnihvd_spread"], "%.3f")), flush=True)
+    print("results: %s.json, %s.md" % (args.out, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as exc:   # the runs' processes and cgroups are gone already
+        sys.exit("interrupted (%s); every run's processes and cgroups were removed" % (exc or "Ctrl-C"))

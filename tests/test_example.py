@@ -1,0 +1,39 @@
+"""examples/train_fashion_mnist.py on 3 real ranks in each of its modes. The runs end
+on an adjustment step (20 steps, adjust_every 20), so omnihvd's last gather is still
+open when the loop ends while ranks evaluate for different times: the first rank to
+exit shuts Horovod down on the others, and the gather must not be waited for after
+MPI is finalised (it was, and the job died with "MPI_Wait() called after
+MPI_FINALIZE")."""
+import os
+import re
+
+import pytest
+from mpirun import ROOT, mpirun
+
+EXAMPLE = os.path.join(ROOT, "examples", "train_fashion_mnist.py")
+LINE = re.compile(r"^epoch 0: [\d.]+ s, test accuracy [\d.]+, batch sizes \[(.*)\]", re.M)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode, sizes", [
+    (["--mode", "omnihvd"], None),
+    (["--mode", "plain"], [16, 16, 16]),
+    (["--mode", "fixed", "--split", "24,12,12"], [24, 12, 12]),
+])
+def test_example_modes_end_cleanly(mode, sizes):
+    proc = mpirun(3, EXAMPLE, "--epochs", "1", "--global-batch-size", "48", "--steps", "20",
+                  *mode, timeout=300)
+    found = [[int(v) for v in m.split(",")] for m in LINE.findall(proc.stdout)]
+    assert len(found) == 1 and sum(found[0]) == 48, proc.stdout[-3000:]
+    if sizes is not None:
+        assert found[0] == sizes
+    assert "MPI_FINALIZE" not in proc.stdout
+
+
+def test_example_rejects_split_without_fixed_mode():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, EXAMPLE, "--split", "1,2"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--split goes with --mode fixed" in proc.stderr
