@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import signal
 import statistics
 import subprocess
@@ -43,14 +44,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)   # the harness's own omnihvd (cpulimits, emulate): not the code tested
 
-from omnihvd import cpulimits, emulate  # noqa: E402
+from omnihvd import cpulimits, emulate, levels  # noqa: E402
 from omnihvd.controller import apportion  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "train_fashion_mnist.py")
 GROUP_PREFIX = "omnihvd-realhet-"
 # The paper's levels as CPU shares: a worker's cores / 32, so HL8's fastest worker
 # (32 cores) gets one whole core, and every level has the same total (1.5 cores).
-HL_CORES_PER_CPU = float(max(max(c) for c in emulate.LEVEL_CORES.values()))
+HL_CORES_PER_CPU = float(max(max(c) for c in levels.LEVEL_CORES.values()))
 SCENARIOS = {
     "2:1:1": "pin=0,1,1",
     "3:1:1:1": "pin=0,1,1,1",
@@ -83,8 +84,8 @@ def parse_phase(text: str, available: Sequence[int]) -> Phase:
         key, sep, value = item.partition("=")
         if key == "pin" and sep:
             cpus = emulate.parse_cpu_plan(value, available=available)
-        elif key == "quota" and sep and value.upper() in emulate.LEVEL_CORES:
-            quota = [c / HL_CORES_PER_CPU for c in emulate.LEVEL_CORES[value.upper()]]
+        elif key == "quota" and sep and value.upper() in levels.LEVEL_CORES:
+            quota = [c / HL_CORES_PER_CPU for c in levels.LEVEL_CORES[value.upper()]]
         elif key == "quota" and sep:
             try:
                 quota = [float(v) for v in value.split(",")]
@@ -374,6 +375,9 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
 
     return {
         "scenario": name, "spec": spec, "ranks": phases[0].num_ranks, "global_batch": B,
+        "steps_per_epoch": args.steps or None, "epochs": args.epochs or len(phases) + 1,
+        "code_tree": args.code, "code_version": code_version(args.code),
+        "command": args.command,
         "shares": [[round(v, 4) for v in shares(p, args.available)] for p in phases],
         "period_us": args.period_us, "env": args.env, "repeats": args.repeats,
         "plain_s": plain, "omnihvd_s": omni, "best_fixed_s": best_s,
@@ -398,22 +402,30 @@ def _fmt(v, f="%.3f"):
 
 
 def markdown(doc) -> str:
-    out = ["Command: `%s`" % doc["command"], "",
-           "Code measured: %s (%s); %s; %d CPUs; %s UTC; %.0f s." % (
-               doc["code_tree"], doc["code_version"] or "?", doc["machine"]["platform"],
-               doc["machine"]["cpus"], doc["finished"], doc["wall_s"]), "",
+    commands = []
+    for s in doc["scenarios"]:
+        line = "`%s` (code %s at %s)" % (s.get("command", doc["command"]),
+                                        s.get("code_tree", doc["code_tree"]),
+                                        s.get("code_version", doc["code_version"]) or "?")
+        if line not in commands:
+            commands.append(line)
+    out = ["Commands: " + "; ".join(commands), "",
+           "Machine: %s; %d CPUs; last scenario finished %s UTC." % (
+               doc["machine"]["platform"], doc["machine"]["cpus"], doc["finished"]), "",
            "Times are the median over the repeats of the last epoch's training time "
            "(seconds); ratios are throughput ratios (higher is better for the first named).", "",
-           "| scenario | spec | plain s | omnihvd s | best fixed s (split) | omnihvd / best fixed "
-           "| omnihvd / plain | fixed / plain | omnihvd spread | omnihvd final sizes |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| scenario | spec | steps x epochs | plain s | omnihvd s | best fixed s (split) "
+           "| omnihvd / best fixed | omnihvd / plain | fixed / plain | omnihvd spread "
+           "| omnihvd final sizes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in doc["scenarios"]:
         extra = []
         if s["period_us"] != 10000:
             extra.append("period %g ms" % (s["period_us"] / 1000))
         extra += s["env"]
-        out.append("| %s | `%s`%s | %s | %s | %s (%s) | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | `%s`%s | %s x %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s |" % (
             s["scenario"], s["spec"].replace("|", "\\|"), (" " + ", ".join(extra)) if extra else "",
+            s.get("steps_per_epoch") or "full", s.get("epochs", "?"),
             _fmt(s["plain_s"]), _fmt(s["omnihvd_s"]), _fmt(s["best_fixed_s"]),
             ",".join(map(str, s["best_fixed_split"] or [])) or "-",
             _fmt(s["omnihvd_vs_best_fixed"], "%.2f"), _fmt(s["omnihvd_vs_plain"], "%.2fx"),
@@ -476,6 +488,8 @@ def parse_args(argv=None):
     if bad:
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
+    args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] +
+                            [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
     args.code = os.path.abspath(args.code)
     args.available = sorted(os.sched_getaffinity(0))
     args.scenarios = [scenario_arg(s) for s in args.scenarios]
@@ -517,8 +531,7 @@ def main(argv=None):
         doc["scenarios"] = [s for s in doc["scenarios"]
                             if (s["scenario"], s["period_us"], s["env"]) != key] + [result]
         doc.update({
-            "command": " ".join(["python", os.path.relpath(__file__, ROOT)] +
-                                (sys.argv[1:] if argv is None else list(argv))),
+            "command": args.command,
             "code_tree": args.code, "code_version": code_version(args.code),
             "script": os.path.relpath(args.script, ROOT),
             "finished": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

@@ -509,6 +509,11 @@ def _check_data() -> Check:
 # while it waits, which counts as CPU time -- exhaust its quota and then stall for
 # the rest of the period; measured in docs/cpu-quotas.rst.
 QUOTA_PERIOD_LIMIT_US = 20000
+QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
+             "--cpu-quota=<cores x 10000> instead of --cpus; Kubernetes: kubelet "
+             "cpuCFSQuotaPeriod: 10ms (feature gate CustomCPUCFSQuotaPeriod); or exclusive "
+             "cores instead of a quota (docker --cpuset-cpus; Kubernetes static CPU manager "
+             "with integer CPU requests); see docs/cpu-quotas.rst")
 
 
 def _check_cpu_quota(root: str = "/") -> Check:
@@ -526,7 +531,7 @@ def _check_cpu_quota(root: str = "/") -> Check:
     return Check("CPU quota", WARN, "CFS quota " + detail + ": with a period this long, a rank "
                  "that polls in MPI while waiting for its peers uses up its quota and stalls "
                  "for the rest of the period (Horovod steps can take 10-30x longer)",
-                 "see docs/cpu-quotas.rst")
+                 QUOTA_FIX)
 
 
 def _signal_name(number: int) -> str:

@@ -11,6 +11,8 @@ import pytest
 from omnihvd import cpulimits
 from omnihvd.cpulimits import CpuLimitError, Quota, QuotaGroup
 
+pytestmark = pytest.mark.unit
+
 V1_MOUNT = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n" \
            "32 31 0:29 %s /sys/fs/cgroup/cpu%s rw - cgroup cgroup rw,%s\n" \
            "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"

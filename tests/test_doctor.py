@@ -161,3 +161,8 @@ def test_crash_is_reported(tmp_path):
     assert proc.returncode == 1, proc.stdout
     stopped = by_name(proc)["check process"]
     assert "SIGABRT" in stopped["detail"] and "import horovod.torch" in stopped["detail"]
+
+
+def test_doctor_reports_the_cpu_quota_line():
+    checks = by_name(run_doctor("--json"))
+    assert checks["CPU quota"]["status"] in ("OK", "WARN")

@@ -65,3 +65,44 @@ def test_launcher_from_another_mpi_fails():
 def test_old_torch_fails():
     check = doctor._check_torch({"torch": {"version": "2.0.1+cu118"}})
     assert check.status == "FAIL" and ">= 2.1" in check.fix
+
+
+# ----------------------------------------------------------------- CPU quota
+
+def fake_cgroup_root(tmp_path, quota_us, period_us, version="v1"):
+    """A fake root with /proc/self/{mountinfo,cgroup} and this process's cpu cgroup."""
+    proc = tmp_path / "proc" / "self"
+    proc.mkdir(parents=True)
+    if version == "v1":
+        (proc / "mountinfo").write_text(
+            "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n")
+        (proc / "cgroup").write_text("4:cpu,cpuacct:/docker/c1\n")
+        group = tmp_path / "sys/fs/cgroup/cpu,cpuacct/docker/c1"
+        group.mkdir(parents=True)
+        (group / "cpu.cfs_quota_us").write_text("%d\n" % quota_us)
+        (group / "cpu.cfs_period_us").write_text("%d\n" % period_us)
+    else:
+        (proc / "mountinfo").write_text("31 23 0:28 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+        (proc / "cgroup").write_text("0::/kubepods/pod1/c1\n")
+        (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+        (tmp_path / "sys/fs/cgroup/cgroup.controllers").write_text("cpu memory\n")
+        group = tmp_path / "sys/fs/cgroup/kubepods/pod1/c1"
+        group.mkdir(parents=True)
+        (group / "cpu.max").write_text("%s %d\n" % (quota_us if quota_us > 0 else "max", period_us))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cpu_quota_with_the_default_100ms_period_warns_with_the_fix(tmp_path, version):
+    check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 250000, 100000, version))
+    assert check.status == "WARN", check
+    assert "2.50 cores per 100 ms" in check.detail
+    assert "cpu-period" in check.fix and "docs/cpu-quotas.rst" in check.fix
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cpu_quota_with_a_short_period_or_none_is_ok(tmp_path, version):
+    short = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "a", 25000, 10000, version))
+    assert short.status == "OK" and "2.50 cores per 10 ms" in short.detail
+    none = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "b", -1, 100000, version))
+    assert none == Check("CPU quota", "OK", "no CFS quota on this process")

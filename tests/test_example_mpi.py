@@ -10,11 +10,12 @@ import re
 import pytest
 from mpirun import ROOT, mpirun
 
+pytestmark = pytest.mark.mpi
+
 EXAMPLE = os.path.join(ROOT, "examples", "train_fashion_mnist.py")
 LINE = re.compile(r"^epoch 0: [\d.]+ s, test accuracy [\d.]+, batch sizes \[(.*)\]", re.M)
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("mode, sizes", [
     (["--mode", "omnihvd"], None),
     (["--mode", "plain"], [16, 16, 16]),

@@ -1,0 +1,88 @@
+"""benchmarks/realhet.py end to end, tiny: 2 real ranks of the example script, pinned
+from outside and re-pinned after the first epoch, every mode; the JSON and table
+exist and the harness left no process or cgroup behind. No timing assertions."""
+import json
+import os
+import sys
+
+import pytest
+from mpirun import ROOT, mpi_env, run_bounded
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import realhet  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+HARNESS = os.path.join(ROOT, "benchmarks", "realhet.py")
+
+
+def _leftovers(runs):
+    """Processes and cgroups of these runs that still exist."""
+    pids = [p for r in runs for p in r["pids"] + [r["mpirun_pid"]]]
+    return ([p for p in pids if os.path.exists("/proc/%d" % p)],
+            [g for r in runs for g in r["groups"] if os.path.exists(g)])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_realhet_smoke(tmp_path):
+    out = tmp_path / "realhet"
+    cmd = [sys.executable, HARNESS, "--scenarios", "swap=pin=0,1 | pin=1,0", "--repeats", "1",
+           "--steps", "4", "--batch-per-rank", "8", "--lambdas", "1.5", "--out", str(out)]
+    env = mpi_env()
+    env["PYTHONPATH"] = ROOT
+    proc = run_bounded(cmd, 400, env)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    doc = json.load(open(str(out) + ".json"))
+    (s,) = doc["scenarios"]
+    assert s["scenario"] == "swap" and s["ranks"] == 2 and s["shares"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert doc["code_tree"] == ROOT and "realhet.py" in doc["command"]
+    runs = s["runs"]
+    assert [r["mode"] for r in runs] == ["plain", "omnihvd"]   # equal shares: no fixed split
+    for r in runs:
+        assert r["error"] is None, r
+        assert [e["epoch"] for e in r["epochs"]] == [0, 1, 2]
+        assert sum(r["final_sizes"]) == 16 and r["measured_s"] > 0
+        assert [c["phase"] for c in r["changes"]] == [0, 1] and r["changes"][1]["after_epoch"] == 0
+    assert s["plain_s"] > 0 and s["omnihvd_s"] > 0
+    table = open(str(out) + ".md").read()
+    assert "| swap | `pin=0,1 \\| pin=1,0` |" in table
+    assert _leftovers(runs) == ([], [])
+
+
+def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
+    try:
+        realhet.cpulimits.find_cpu_controller()
+    except realhet.cpulimits.CpuLimitError as exc:
+        pytest.skip(str(exc))
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root")
+    out = tmp_path / "quota"
+    cmd = [sys.executable, HARNESS, "--scenarios", "q=quota=0.9,0.4 | quota=0.4,0.9",
+           "--repeats", "1", "--steps", "4", "--batch-per-rank", "8", "--modes", "omnihvd",
+           "--out", str(out)]
+    env = mpi_env()
+    env["PYTHONPATH"] = ROOT
+    proc = run_bounded(cmd, 400, env)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (s,) = json.load(open(str(out) + ".json"))["scenarios"]
+    (run,) = s["runs"]
+    assert run["error"] is None and len(run["groups"]) == 2, run
+    assert _leftovers([run]) == ([], [])
+
+
+def test_realhet_reports_a_failed_run_and_cleans_up(tmp_path):
+    # A script that does not exist: mpirun fails at once; the harness records the failed
+    # run instead of waiting for ranks that never come.
+    out = tmp_path / "bad"
+    cmd = [sys.executable, HARNESS, "--scenarios", "one=pin=0,0", "--repeats", "1", "--steps",
+           "2", "--batch-per-rank", "8", "--modes", "plain", "--script",
+           os.path.join(ROOT, "tests", "no_such_script.py"), "--out", str(out)]
+    env = mpi_env()
+    env["PYTHONPATH"] = ROOT
+    proc = run_bounded(cmd, 200, env)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (s,) = json.load(open(str(out) + ".json"))["scenarios"]
+    assert s["failed_runs"] == 1 and s["plain_s"] is None
+    (run,) = s["runs"]
+    assert run["rc"] != 0 and ("exited" in run["error"] or "0 of 2 epoch lines" in run["error"])
+    assert _leftovers([run]) == ([], [])
