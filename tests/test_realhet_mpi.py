@@ -16,10 +16,20 @@ pytestmark = pytest.mark.mpi
 HARNESS = os.path.join(ROOT, "benchmarks", "realhet.py")
 
 
+def _alive(pid, words=("mpirun", "train_fashion_mnist", "no_such_script")):
+    """Whether ``pid`` is still one of the run's processes (not a recycled pid)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmdline = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(w in cmdline for w in words)
+
+
 def _leftovers(runs):
     """Processes and cgroups of these runs that still exist."""
     pids = [p for r in runs for p in r["pids"] + [r["mpirun_pid"]]]
-    return ([p for p in pids if os.path.exists("/proc/%d" % p)],
+    return ([p for p in pids if _alive(p)],
             [g for r in runs for g in r["groups"] if os.path.exists(g)])
 
 
