@@ -513,7 +513,9 @@ QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
              "--cpu-quota=<cores x 10000> instead of --cpus; Kubernetes: kubelet "
              "cpuCFSQuotaPeriod: 10ms (feature gate CustomCPUCFSQuotaPeriod); or exclusive "
              "cores instead of a quota (docker --cpuset-cpus; Kubernetes static CPU manager "
-             "with integer CPU requests); see docs/cpu-quotas.rst")
+             "with integer CPU requests); and/or run the ranks with "
+             "OMPI_MCA_mpi_yield_when_idle=1 (mpirun -x); do not raise HOROVOD_CYCLE_TIME; "
+             "see docs/cpu-quotas.rst")
 
 
 def _check_cpu_quota(root: str = "/") -> Check:
