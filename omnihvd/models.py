@@ -6,12 +6,21 @@ depend on the per-rank batch, so with unequal batches the result would no longer
 the gradient of the global batch. The ResNet uses group normalisation instead, which
 normalises each sample on its own.
 """
+import inspect
+
 import torch
 from torch import nn
 
 from .errors import ConfigError
 
 __all__ = ["MODELS", "SmallCNN", "SmallResNet", "BasicBlock", "build_model"]
+
+
+def _check_sizes(**sizes):
+    # A zero width or class count builds a model that only fails at its first forward.
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError("%s must be an int >= 1, got %r" % (name, value))
 
 
 def SmallCNN(num_classes: int = 10, width: int = 16) -> nn.Module:
@@ -24,9 +33,13 @@ def SmallCNN(num_classes: int = 10, width: int = 16) -> nn.Module:
     Returns:
         ``torch.nn.Sequential`` mapping ``(N, 1, 28, 28)`` to ``(N, num_classes)``.
 
+    Raises:
+        ConfigError: ``num_classes`` or ``width`` is not a positive int.
+
     >>> SmallCNN()(torch.zeros(2, 1, 28, 28)).shape
     torch.Size([2, 10])
     """
+    _check_sizes(num_classes=num_classes, width=width)
     return nn.Sequential(
         nn.Conv2d(1, width, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),          # 14x14
         nn.Conv2d(width, 2 * width, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),  # 7x7
@@ -69,11 +82,12 @@ def SmallResNet(num_classes: int = 10, width: int = 16, groups: int = 4) -> nn.M
         ``torch.nn.Sequential`` mapping ``(N, 1, 28, 28)`` to ``(N, num_classes)``.
 
     Raises:
-        ConfigError: ``groups`` does not divide ``width``.
+        ConfigError: a size is not a positive int, or ``groups`` does not divide ``width``.
 
     >>> SmallResNet()(torch.zeros(2, 1, 28, 28)).shape
     torch.Size([2, 10])
     """
+    _check_sizes(num_classes=num_classes, width=width, groups=groups)
     if width < 1 or groups < 1 or width % groups:
         raise ConfigError("SmallResNet needs groups (%r) to divide width (%r)" % (groups, width))
     return nn.Sequential(
@@ -102,7 +116,7 @@ def build_model(name: str, seed=None, **kwargs):
         the ``torch.nn.Module``.
 
     Raises:
-        ConfigError: unknown name.
+        ConfigError: unknown name, an option the model does not take, or a bad value.
 
     >>> m1, m2 = build_model("cnn", seed=0), build_model("cnn", seed=0)
     >>> all((a == b).all() for a, b in zip(m1.parameters(), m2.parameters()))
@@ -110,6 +124,11 @@ def build_model(name: str, seed=None, **kwargs):
     """
     if name not in MODELS:
         raise ConfigError("unknown model %r; choose one of: %s" % (name, ", ".join(MODELS)))
+    accepted = inspect.signature(MODELS[name]).parameters
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ConfigError("model %r has no option %s; it takes: %s"
+                          % (name, ", ".join(map(repr, unknown)), ", ".join(accepted)))
     if seed is None:
         return MODELS[name](**kwargs)
     with torch.random.fork_rng(devices=[]):

@@ -8,10 +8,8 @@ checkpoints, emulation options from the environment and the command line. Timing
 garbage on one rank and ranks resumed from different checkpoints, under a real
 mpirun, are in test_bad_input_mpi.py.
 
-``GAPS`` lists inputs that are accepted today, or fail with an error that is not
-one of omnihvd's ValueError subclasses (OmniHvdError). They are strict xfails
-naming the module to fix: when one is fixed it XPASSes, which fails the run, and
-its mark should then be removed.
+The last cases of ``CASES`` were once strict xfails (accepted, or failing with an
+error that is not one of omnihvd's ValueError subclasses); they are fixed now.
 """
 import argparse
 import math
@@ -146,6 +144,14 @@ CASES = [
     # the ideal step time of a run log: one time per size
     ("ideal-step-lengths", lambda: telemetry.ideal_step_time([1, 2], [1.0]), ConfigError,
      "times", "2 sizes"),
+    # once strict xfails: accepted, or failing with an error other than omnihvd's
+    ("model-width-0", lambda: models.build_model("cnn", width=0), ConfigError, "width", "0"),
+    ("model-classes-0", lambda: models.build_model("cnn", num_classes=0), ConfigError,
+     "num_classes", "0"),
+    ("resnet-groups-0", lambda: models.build_model("resnet", groups=0), ConfigError,
+     "groups", "0"),
+    ("model-unknown-option", lambda: models.build_model("cnn", depth=3), ConfigError,
+     "option", "'depth'"),
 ]
 
 
@@ -188,22 +194,3 @@ def test_cli_unknown_choice_names_the_value_and_the_choices(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "'pid'" in err and "affine" in err and "proportional" in err
-
-
-# Accepted today, or failing with an error other than omnihvd's; each names the fix.
-GAPS = [
-    ("model-width-0", lambda: models.build_model("cnn", width=0),
-     "omnihvd/models.py: width 0 builds a model that fails at its first forward"),
-    ("model-classes-0", lambda: models.build_model("cnn", num_classes=0),
-     "omnihvd/models.py: num_classes 0 accepted"),
-    ("model-unknown-option", lambda: models.build_model("cnn", depth=3),
-     "omnihvd/models.py build_model: TypeError for an unknown option"),
-]
-
-
-@pytest.mark.parametrize("call", [pytest.param(call, marks=pytest.mark.xfail(strict=True, reason=reason))
-                                  for _, call, reason in GAPS], ids=[g[0] for g in GAPS])
-@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
-def test_known_gap_is_rejected(call):
-    with pytest.raises(OmniHvdError):  # a ValueError subclass of omnihvd's, naming the value
-        call()

@@ -260,3 +260,17 @@ def test_submit_without_template_explains_usage(cluster):
     proc = subprocess.run([SUBMIT], env=cluster.env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=30)
     assert proc.returncode == 2 and "usage:" in proc.stdout
+
+
+def test_every_srun_launch_kills_the_job_on_a_bad_exit():
+    # Without --kill-on-bad-exit=1 a rank that dies leaves the others waiting in a
+    # collective until the job's time limit; with it Slurm ends the whole step.
+    # A static check of the templates: it needs no cluster.
+    launches = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "slurm"))):
+        if name.endswith(".sbatch"):
+            with open(os.path.join(ROOT, "slurm", name)) as f:
+                launches += [(name, line) for line in f if line.startswith("srun ")]
+    assert len(launches) >= 4, launches
+    for name, line in launches:
+        assert "--kill-on-bad-exit=1" in line.split('"')[0], (name, line)
