@@ -31,11 +31,15 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
+import numpy as np
+
 from .comm import make_comm
-from .controller import POLICIES, Controller, apportion
-from .errors import ConfigError, RankMismatchError
+from .controller import POLICIES, Controller, partial_split
+from .errors import ConfigError, InfeasibleError, RankMismatchError
+from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
 from .timing import SUMMARIES, StepTimer, TimingWindow
-from .weighting import GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight
+from .weighting import (LOSS_REDUCTIONS, GradientWeight, _optimizer_op, allreduce_weight,
+                        register_gradient_weight, synchronized_flag)
 
 __all__ = ["OmniLearnCallback"]
 
@@ -111,7 +115,8 @@ class OmniLearnCallback:
         global_batch_size: B, the samples per step over all ranks; held exactly.
         initial_batch_sizes: one int per rank summing to B (static
             heterogeneity-aware sizing); default: an equal split.
-        min_batch_size: int or per-rank list (default 1).
+        min_batch_size: int or per-rank list (default 1). A model with BatchNorm
+            layers gets at least 2 (logged): one sample has no batch statistics.
         max_batch_size: None, int or per-rank list (memory caps).
         deadband: apply new sizes only when the largest relative change reaches it
             (default 0.05, the paper's 5%).
@@ -127,6 +132,16 @@ class OmniLearnCallback:
         comm: None (Horovod's own allgather: safe at any shutdown order), or the
             mpi4py communicator given to ``hvd.init(comm=...)`` (then mpi4py owns
             MPI and finalises it only at its own exit).
+        size_multiple: every batch size is a multiple of this k (default 1), so GPUs
+            see few distinct shapes; when k does not divide B, rank 0 also takes the
+            remainder ``B mod k`` (see :func:`omnihvd.controller.unit_bounds`).
+        loss_reduction: ``"mean"`` (default: each rank's loss is the mean over its
+            samples) or ``"sum"`` (the sum over them, or a sum divided by
+            :meth:`global_count`). The result is the gradient of the same loss over
+            the global batch, under ``op=hvd.Average`` and ``op=hvd.Sum`` alike (see
+            docs/losses.rst).
+        history_size: how many decisions ``cb.history`` keeps (default 1000; older
+            ones are dropped, so a long run's memory stays flat).
         abort_on_exception: when a rank raises an uncaught exception, print it with
             the rank and abort the whole MPI job instead of leaving the other ranks
             waiting in a collective forever (see :mod:`omnihvd.faults`). Default:
@@ -135,7 +150,8 @@ class OmniLearnCallback:
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
-            names the rank and the fix).
+            names the rank and the fix), or the model uses synchronised batch
+            normalisation (see :mod:`omnihvd.normalization`).
 
     Example::
 
@@ -161,7 +177,8 @@ class OmniLearnCallback:
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = "median", nonblocking: bool = True, comm=None,
-                 abort_on_exception: Optional[bool] = None):
+                 size_multiple: int = 1, loss_reduction: str = "mean",
+                 history_size: int = 1000, abort_on_exception: Optional[bool] = None):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -171,7 +188,8 @@ class OmniLearnCallback:
         self._comm = make_comm(comm, rank=self.rank, size=self.num_ranks)
         self._configure_everywhere(model, optimizer, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain, adjust_every,
-                                   policy, settle_steps, timing, nonblocking)
+                                   policy, settle_steps, timing, nonblocking, size_multiple,
+                                   loss_reduction, history_size)
         if abort_on_exception is None:
             abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
         self._enable_abort(abort_on_exception)
@@ -215,9 +233,11 @@ class OmniLearnCallback:
     # ------------------------------------------------------------ set-up
     def _configure(self, model, optimizer, global_batch_size, initial_batch_sizes,
                    min_batch_size, max_batch_size, deadband, gain, adjust_every, policy,
-                   settle_steps, timing, nonblocking):
-        if not hasattr(model, "parameters"):
+                   settle_steps, timing, nonblocking, size_multiple=1, loss_reduction="mean",
+                   history_size=1000):
+        if not hasattr(model, "named_modules"):
             raise ConfigError("model must be a torch.nn.Module, got %s" % type(model).__name__)
+        check_no_sync_batchnorm(model)
         self._average = self._check_backend(model, optimizer)
         B = _check_int("global_batch_size", global_batch_size, 1)
         self.adjust_every = _check_int("adjust_every", adjust_every, 1)
@@ -229,12 +249,34 @@ class OmniLearnCallback:
         if not isinstance(nonblocking, bool):
             raise ConfigError("nonblocking must be True or False, got %r" % (nonblocking,))
         self.nonblocking = nonblocking
-        self.controller = Controller(self.num_ranks, B, policy=policy, gain=gain,
-                                     deadband=deadband, min_batch_size=min_batch_size,
-                                     max_batch_size=max_batch_size)
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ConfigError("loss_reduction must be one of %s, got %r"
+                              % (", ".join(LOSS_REDUCTIONS), loss_reduction))
+        self.loss_reduction = loss_reduction
+        self.history_size = _check_int("history_size", history_size, 1)
+        norms = batchnorm_layers(model)
+        raised = False
+        if norms:  # BatchNorm cannot normalise a batch of one sample
+            min_batch_size, raised = raise_min_batch_size(min_batch_size)
+            if raised and self.rank == 0:
+                log.info("omnihvd: the model has BatchNorm layers (%s): min_batch_size raised to "
+                         "%r (a batch of one sample has no batch statistics)",
+                         ", ".join(norms[:3]) + (", ..." if len(norms) > 3 else ""),
+                         min_batch_size)
+        try:
+            self.controller = Controller(self.num_ranks, B, policy=policy, gain=gain,
+                                         deadband=deadband, min_batch_size=min_batch_size,
+                                         max_batch_size=max_batch_size,
+                                         size_multiple=size_multiple)
+        except InfeasibleError as exc:
+            if not raised:
+                raise
+            raise InfeasibleError("%s (min_batch_size was raised to 2 because the model has "
+                                  "BatchNorm layers; use a larger global_batch_size, or "
+                                  "GroupNorm/LayerNorm)" % exc) from exc
         lo, hi = self.controller.lo, self.controller.hi
         if initial_batch_sizes is None:
-            sizes = apportion([1.0] * self.num_ranks, B, lo, hi)
+            sizes = self.controller.split([1.0] * self.num_ranks)
         else:
             try:
                 sizes = [int(b) for b in initial_batch_sizes]
@@ -252,6 +294,12 @@ class OmniLearnCallback:
                 r = bad[0]
                 raise ConfigError("initial_batch_sizes[%d]=%d is outside [%d, %d] (min/max_batch_size)"
                                   % (r, sizes[r], lo[r], hi[r]))
+            if not self.controller.valid(sizes):
+                raise ConfigError("initial_batch_sizes %r do not follow size_multiple %d: every "
+                                  "size must be a multiple of it, rank 0's plus %d (B mod %d)"
+                                  % (sizes, self.controller.size_multiple,
+                                     B % self.controller.size_multiple,
+                                     self.controller.size_multiple))
         self._model = model
         self._optimizer = optimizer
         self._options = dict(
@@ -259,7 +307,8 @@ class OmniLearnCallback:
             max_batch_size=hi.tolist(), deadband=self.controller.deadband,
             gain=self.controller.gain, adjust_every=self.adjust_every, policy=policy,
             settle_steps=settle_steps, timing=timing, nonblocking=self.nonblocking,
-            average=self._average,
+            average=self._average, size_multiple=self.controller.size_multiple,
+            loss_reduction=loss_reduction, history_size=self.history_size,
             backward_passes_per_step=getattr(optimizer, "backward_passes_per_step", 1))
         self._window = TimingWindow(settle_steps, timing)
         self._timer = StepTimer()
@@ -278,11 +327,15 @@ class OmniLearnCallback:
         self._started = False
         self._drop_sample = False
         self._warned_sync = False
+        # None: this optimizer does not expose Horovod's private flag, so an explicit
+        # synchronize() before step() cannot be detected (warned at on_train_begin).
+        self._sync_detectable = optimizer is None or synchronized_flag(optimizer) is not None
         self._cap = int(self.controller.hi[self.rank])
         self.oom_events = 0
         self.step = 0
         self.epoch = 0
-        self.history: List[Dict] = []
+        self.history: List[Dict] = []   # the last history_size decisions
+        self._adjustments = 0
         self.overhead_seconds = 0.0
 
     def _agree_on_errors(self, error):
@@ -308,11 +361,26 @@ class OmniLearnCallback:
         fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last) for s in self._samplers]
         return fp
 
-    def register_sampler(self, sampler):
+    def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
         seed, shuffle and drop_last join the cross-rank check at ``on_train_begin``
-        (ranks with different seeds would silently repeat and skip samples)."""
+        (ranks with different seeds would silently repeat and skip samples).
+
+        Returns whether the sampler drives the schedule (its steps are the training
+        steps): ``train``, or by default True for the first sampler only. Others (a
+        validation loader) read the current sizes and record nothing.
+
+        Raises:
+            ConfigError: a second sampler asks for ``train=True``.
+        """
+        driving = any(getattr(s, "train", False) for s in self._samplers)
+        if train is None:
+            train = not driving
+        elif train and driving:
+            raise ConfigError("a training sampler (train=True) is already registered with this "
+                              "callback; create evaluation samplers with train=False")
         self._samplers.append(sampler)
+        return bool(train)
 
     # ------------------------------------------------------------ schedule
     @property
@@ -341,14 +409,30 @@ class OmniLearnCallback:
         """This rank's current batch size, b_i."""
         return self.batch_sizes[self.rank]
 
-    def issue(self, step: int, total: int) -> List[int]:
-        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler)."""
+    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
+        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler).
+
+        A partial step (``total < B``) is split within the bounds, or None when no
+        split fits (the sampler then drops it). ``record=False`` (evaluation
+        samplers) leaves the schedule untouched.
+        """
         sizes = self.batch_sizes_at(step)
         if total != self.global_batch_size:  # the last, partial step of an epoch
-            sizes = apportion(sizes, total)
-        self._issued[step] = sizes
-        self._issued_upto = max(self._issued_upto, step)
+            sizes = self._partial_split(sizes, total)
+            if sizes is None:
+                return None
+        if record:
+            self._issued[step] = sizes
+            self._issued_upto = max(self._issued_upto, step)
         return list(sizes)
+
+    def _partial_split(self, sizes, total):
+        c = self.controller
+        return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
+
+    def can_split(self, total: int) -> bool:
+        """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
+        return self._partial_split(self.batch_sizes, total) is not None
 
     def _schedule(self, first_step: int, sizes: List[int]):
         if first_step <= self._issued_upto:
@@ -377,6 +461,12 @@ class OmniLearnCallback:
                                     "rank must pass the same values (%s)" % "; ".join(diffs))
         self._hooks = self._install_hooks()
         self._started = True
+        if not self._sync_detectable and not self._warned_sync:
+            self._warned_sync = True
+            log.warning("omnihvd: rank %d: the optimizer has no Horovod _synchronized flag, so "
+                        "omnihvd cannot detect an explicit opt.synchronize() before opt.step(); "
+                        "if the loop calls it, call cb.mark_compute_end() just before, or step "
+                        "times include waiting for other ranks", self.rank)
         if self.rank == 0:
             log.info("omnihvd: %d ranks, global batch %d, initial sizes %s, policy %s, adjust "
                      "every %d steps", self.num_ranks, self.global_batch_size, self.batch_sizes,
@@ -388,19 +478,102 @@ class OmniLearnCallback:
         self.epoch = epoch
 
     def on_batch_begin(self, batch=None, logs=None):
-        """Set this step's gradient weight and start the local timer."""
+        """Set this step's gradient weight and start the local timer.
+
+        Args:
+            batch: optional; the batch the loop got (a tensor, or a tuple/list/dict
+                of them, as the DataLoader yields it). Its length is checked
+                against this step's size (see :meth:`check_batch`). An int (a
+                Keras-style batch index) is ignored.
+        """
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
         sizes = self.batch_sizes_at(self.step)
         self._step_sizes = sizes
-        self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average)
+        if batch is not None and not isinstance(batch, int):
+            self.check_batch(batch)
+        self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
+                                              self.loss_reduction)
         if sizes != self._window_sizes:
             self._window.reset(settle=True)
             self._window_sizes = sizes
         self._drop_sample = False
         self._timer.start()
         self.overhead_seconds += time.perf_counter() - t0
+
+    def check_batch(self, batch):
+        """Check that ``batch`` holds this rank's size for the current step.
+
+        The gradient weights assume the sampler's sizes; a batch of another size (a
+        DataLoader built with ``batch_size=`` instead of ``batch_sampler=``, a
+        collate function that drops samples) would make the gradient silently wrong.
+
+        Raises:
+            ConfigError: the batch has another number of samples (on this rank).
+        """
+        from .sampler import batch_length
+
+        got = batch_length(batch)
+        want = (self._step_sizes or self.batch_sizes_at(self.step))[self.rank]
+        if got is not None and got != want:
+            raise ConfigError(
+                "rank %d got a batch of %d samples at step %d, but its batch size for that step "
+                "is %d (cb.batch_size): build the loader as DataLoader(dataset, batch_sampler="
+                "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, and "
+                "keep every sample the sampler hands out" % (self.rank, got, self.step, want))
+
+    def global_count(self, count) -> float:
+        """The sum of ``count`` over every rank, for normalising a summed loss.
+
+        For losses whose normaliser is not the number of samples -- class-weighted
+        cross-entropy (sum of the targets' weights), ``ignore_index`` (targets not
+        ignored), per-token means (tokens) -- compute each rank's loss with
+        ``reduction="sum"`` and divide it by the step's global count; with
+        ``loss_reduction="sum"`` the gradient is then exactly that of the loss over
+        the global batch. Every rank must call it once per (micro-)step, at the same
+        point. It is a small blocking allgather; the time spent waiting in it is
+        left out of the step's timing. Every rank sums the same gathered values in
+        the same order, so all get the same bits.
+
+        Args:
+            count: this rank's count (int, float or a one-element tensor), >= 0.
+
+        Returns:
+            float: the global count.
+
+        Raises:
+            ConfigError: the callback's ``loss_reduction`` is not ``"sum"``; a count
+                that is negative or not finite (on this rank); a global count of 0
+                (on every rank).
+
+        Example::
+
+            cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=512,
+                                           loss_reduction="sum")
+            ...
+            loss_sum = F.cross_entropy(out, y, ignore_index=-100, reduction="sum")
+            loss = loss_sum / cb.global_count((y != -100).sum())
+        """
+        if self.loss_reduction != "sum":
+            raise ConfigError("global_count normalises a sum-reduced loss: create the callback "
+                              "with loss_reduction='sum' (it has %r)" % self.loss_reduction)
+        try:
+            value = float(count)
+        except (TypeError, ValueError, RuntimeError):
+            value = float("nan")
+        if not (value == value and 0 <= value < float("inf")):
+            raise ConfigError("global_count: rank %d passed count %r; it must be a finite "
+                              "number >= 0" % (self.rank, count))
+        t0 = time.perf_counter()
+        gathered = self._comm.allgather([value])
+        self._timer.exclude(time.perf_counter() - t0)  # waiting for the others
+        total = float(np.sum(gathered[:, 0]))
+        if total <= 0:
+            raise ConfigError("global_count: the count is 0 on every rank at step %d (e.g. every "
+                              "target is ignore_index); there is nothing to normalise by"
+                              % self.step)
+        return total
 
     def mark_compute_end(self):
         """Mark where this rank starts waiting for the others, when that is not ``step()``.
@@ -438,7 +611,7 @@ class OmniLearnCallback:
         # Horovod's step() enters this hook before synchronize() (and once more from
         # the wrapped optimizer's step after it); the timer keeps the first mark.
         if (self._timer.running and not self._timer.marked
-                and getattr(optimizer, "_synchronized", False)):
+                and synchronized_flag(optimizer)):
             # synchronize() already ran and nobody marked the compute end: the time
             # includes waiting for other ranks, so it must not be used.
             self._drop_sample = True
@@ -457,6 +630,10 @@ class OmniLearnCallback:
             self._close_step_time()
         self.step += 1
         self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
+        while len(self._changes) > 1 and self._changes[1][0] <= self.step:
+            # the next change is in effect: earlier ones are never read again (no step
+            # before the current one is asked for), so a long run's schedule stays short
+            del self._changes[0]
         self._max_lookahead = max(self._max_lookahead, self._issued_upto - self.step)
         if self.step % self.adjust_every == 0 and self._pending is None:
             self._post_gather(steps_done=self.step)
@@ -509,8 +686,7 @@ class OmniLearnCallback:
             errors = gathered[:, _ERROR] if self._options["timing"] == "median" else None
             new = self.controller.decide(sizes, times, errors)
         elif capped:  # no usable timing, but the split must respect the new caps now
-            new = apportion(self._changes[-1][1], self.global_batch_size,
-                            self.controller.lo, self.controller.hi)
+            new = self.controller.split(self._changes[-1][1])
         else:
             new = None
             record.update(new_sizes=sizes, changed=False, effective_step=None,
@@ -529,7 +705,10 @@ class OmniLearnCallback:
                          ", ".join("%.4g" % t for t in times),
                          "; memory caps %s" % self.controller.hi.tolist() if capped else "")
         record["decision_s"] = time.perf_counter() - t0
+        self._adjustments += bool(record.get("changed"))
         self.history.append(record)
+        if len(self.history) > self.history_size:
+            del self.history[0]  # history_size pointers moved: cheap, and memory stays flat
 
     def report_oom(self, shrink: float = 0.8):
         """Tell omnihvd this rank ran out of memory in the current step.
@@ -568,8 +747,8 @@ class OmniLearnCallback:
 
     @property
     def adjustments(self) -> int:
-        """How many decisions changed the sizes so far."""
-        return sum(1 for h in self.history if h.get("changed"))
+        """How many decisions changed the sizes so far (also those no longer in history)."""
+        return self._adjustments
 
     @property
     def overhead_per_step(self) -> float:
@@ -604,16 +783,14 @@ class OmniLearnCallback:
         self.step, self.epoch = step, state.get("epoch", 0)
         self._issued, self._issued_upto, self._max_lookahead = {}, step - 1, -1
         if n == self.num_ranks:
-            if sum(sizes) != B or any(not lo <= b <= hi for b, lo, hi in zip(
-                    sizes, self.controller.lo, self.controller.hi)):
-                sizes = apportion(sizes, B, self.controller.lo, self.controller.hi)
+            if not self.controller.valid(sizes):
+                sizes = self.controller.split(sizes)
             if caps is not None:  # memory caps learned from out-of-memory errors
                 self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
                 self._cap = int(self.controller.hi[self.rank])
-            lo, hi = self.controller.lo, self.controller.hi
             self._changes = [(step, sizes)] + [
-                (s, v if sum(v) == B and all(l <= b <= h for b, l, h in zip(v, lo, hi))
-                 else apportion(v, B, lo, hi)) for s, v in changes if s > step]
+                (s, v if self.controller.valid(v) else self.controller.split(v))
+                for s, v in changes if s > step]
             self.controller.load_state_dict(state.get("controller", {}))
         else:
             self._changes = [(step, list(self._options["initial_batch_sizes"]))]

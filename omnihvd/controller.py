@@ -24,7 +24,11 @@ Two policies turn measured step times into new per-rank batch sizes:
   need several rounds; the affine solve lands in one once two sizes were seen.
 
 Both end in :func:`apportion`, which turns continuous targets into integers that sum
-exactly to the global batch and respect per-rank bounds.
+exactly to the global batch and respect per-rank bounds -- and, with
+``size_multiple=k``, are multiples of k (the *multiple rule*: when k does not divide
+the total, rank 0 alone also takes the remainder ``total mod k``; see
+:func:`unit_bounds`). :func:`partial_split` sizes an epoch's last, smaller step
+under the same bounds, or says that no split fits.
 """
 import math
 from typing import NamedTuple, Optional, Sequence, Union
@@ -39,6 +43,9 @@ __all__ = [
     "Controller",
     "rebalance",
     "apportion",
+    "partial_split",
+    "is_valid_split",
+    "unit_bounds",
     "fit_time_model",
     "solve_time_model",
     "predict_step_times",
@@ -164,6 +171,74 @@ def resolve_bounds(n: int, global_batch_size: int, min_batch_size: IntOrList = 1
     return lo, hi
 
 
+# ---------------------------------------------------------- size multiples
+
+
+def unit_bounds(lo, hi, total: int, size_multiple: int):
+    """Per-rank bounds in units of ``size_multiple`` for a split of ``total``.
+
+    The multiple rule: every rank's size is ``k * units``, except rank 0, whose size
+    is ``k * units + (total mod k)``; so the sizes sum to ``total`` for any total, and
+    when k divides it every size is a multiple of k. Rank 0 is fixed (not, say, the
+    fastest rank) so that a valid split stays valid while speeds change, which keeps
+    the controller's one-decision trust region feasible.
+
+    Args:
+        lo, hi: per-rank int64 size bounds (from :func:`resolve_bounds`).
+        total: the samples to split.
+        size_multiple: k >= 1.
+
+    Returns:
+        ``(ulo, uhi, units, remainder)``: int64 unit bounds, the units to share
+        (``total // k``) and rank 0's extra samples (``total % k``).
+
+    Raises:
+        InfeasibleError: a rank's bounds hold no allowed size, or the unit bounds
+            cannot share ``total // k`` units.
+
+    >>> ulo, uhi, units, rest = unit_bounds(np.array([1, 1]), np.array([40, 40]), 36, 8)
+    >>> ulo.tolist(), uhi.tolist(), units, rest
+    ([0, 1], [4, 5], 4, 4)
+    """
+    k = _check_int("size_multiple", size_multiple, 1)
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    units, rest = divmod(int(total), k)
+    ulo, uhi = -(-lo // k), hi // k
+    ulo[0] = max(0 if rest else 1, -(-(int(lo[0]) - rest) // k))
+    uhi[0] = (int(hi[0]) - rest) // k
+    if np.any(ulo > uhi):
+        r = int(np.flatnonzero(ulo > uhi)[0])
+        allowed = "a multiple of %d" % k if r or not rest else "%d more than a multiple of %d" % (
+            rest, k)
+        raise InfeasibleError("infeasible: size_multiple %d needs rank %d's size to be %s, and "
+                              "none lies in its bounds [%d, %d]; widen min/max_batch_size or "
+                              "change size_multiple" % (k, r, allowed, lo[r], hi[r]))
+    if int(ulo.sum()) > units or int(uhi.sum()) < units:
+        raise InfeasibleError("infeasible: with size_multiple %d, %d samples (%d units of %d, "
+                              "rank 0 taking %d more) do not fit the per-rank bounds %s..%s; "
+                              "lower size_multiple or widen the bounds"
+                              % (k, total, units, k, rest, lo.tolist(), hi.tolist()))
+    return ulo, uhi, units, rest
+
+
+def is_valid_split(sizes, total: int, lo, hi, size_multiple: int = 1) -> bool:
+    """Whether ``sizes`` sums to ``total``, lies within ``[lo, hi]`` and follows the
+    multiple rule of :func:`unit_bounds`.
+
+    >>> is_valid_split([12, 8, 16], 36, [1, 1, 1], [36, 36, 36], 8)
+    True
+    >>> is_valid_split([8, 12, 16], 36, [1, 1, 1], [36, 36, 36], 8)
+    False
+    """
+    b = np.asarray(sizes, dtype=np.int64)
+    if b.ndim != 1 or b.size != np.size(lo) or int(b.sum()) != int(total):
+        return False
+    if np.any(b < lo) or np.any(b > hi):
+        return False
+    k = int(size_multiple)
+    return bool(np.all(b[1:] % k == 0) and b[0] % k == int(total) % k)
+
+
 # ------------------------------------------------------------- apportioning
 
 
@@ -202,7 +277,7 @@ def _water_fill(offset, scale, total, lo, hi):
 
 
 def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
-              max_batch_size: IntOrList = None) -> list:
+              max_batch_size: IntOrList = None, size_multiple: int = 1) -> list:
     """Integer batch sizes proportional to ``targets``, summing exactly to B, within bounds.
 
     Targets are scaled by one common factor (ranks at a bound are held there, the
@@ -213,18 +288,25 @@ def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
         targets: one non-negative weight per rank (e.g. throughputs).
         global_batch_size: B.
         min_batch_size, max_batch_size: see :func:`resolve_bounds`.
+        size_multiple: k; sizes follow the multiple rule of :func:`unit_bounds`
+            (multiples of k, rank 0 also taking ``B mod k``). The sharing and the
+            rounding then work in units of k.
 
     Returns:
         list of int, one per rank, ``sum == global_batch_size``.
 
     Raises:
-        ConfigError, InfeasibleError: see :func:`resolve_bounds`; also for negative or
-        non-finite targets.
+        ConfigError, InfeasibleError: see :func:`resolve_bounds` and
+        :func:`unit_bounds`; also for negative or non-finite targets.
 
     >>> apportion([1, 1, 2, 4], 64)
     [8, 8, 16, 32]
     >>> apportion([1, 1, 1], 10)
     [4, 3, 3]
+    >>> apportion([1, 1, 2, 4], 64, size_multiple=8)
+    [8, 8, 16, 32]
+    >>> apportion([1, 1, 1], 10, size_multiple=4)   # rank 0 takes 10 mod 4 = 2
+    [2, 4, 4]
     """
     w = np.asarray(targets, dtype=np.float64)
     if w.ndim != 1 or w.size == 0:
@@ -236,8 +318,47 @@ def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
     # A zero weight would pin a rank to its minimum forever; a tiny floor keeps the
     # solve well-posed and changes nothing measurable.
     w = np.maximum(w, top * 1e-9) if top > 0 else np.ones_like(w)
-    return _round_to_total(_water_fill(np.zeros_like(w), w, global_batch_size, lo, hi),
-                           int(global_batch_size), lo, hi)
+    if _check_int("size_multiple", size_multiple, 1) == 1:
+        return _round_to_total(_water_fill(np.zeros_like(w), w, global_batch_size, lo, hi),
+                               int(global_batch_size), lo, hi)
+    ulo, uhi, units, rest = unit_bounds(lo, hi, int(global_batch_size), size_multiple)
+    sizes = np.asarray(_round_to_total(_water_fill(np.zeros_like(w), w, units, ulo, uhi),
+                                       units, ulo, uhi), dtype=np.int64) * int(size_multiple)
+    sizes[0] += rest
+    return sizes.tolist()
+
+
+def partial_split(batch_sizes, total: int, min_batch_size: IntOrList = 1,
+                  max_batch_size: IntOrList = None, size_multiple: int = 1) -> Optional[list]:
+    """Sizes of an epoch's last, partial step of ``total`` samples, or None.
+
+    The ``total`` samples are split in proportion to the current ``batch_sizes``
+    within the same per-rank bounds and multiple rule as a full step. When no split
+    fits (fewer samples than the ranks' minimums add up to, or the multiples cannot
+    reach ``total``), the answer is None: the step is dropped, since a rank below its
+    minimum (e.g. one sample into ``BatchNorm``) or outside its memory cap cannot
+    take it.
+
+    Args:
+        batch_sizes: every rank's current size (the proportions).
+        total: samples left for the partial step, ``0 < total``.
+        min_batch_size, max_batch_size, size_multiple: as in :func:`apportion`.
+
+    Returns:
+        list of int summing to ``total``, or None.
+
+    Raises:
+        ConfigError: malformed arguments.
+
+    >>> partial_split([8, 8, 16, 32], 5, min_batch_size=2) is None   # 4 ranks x 2 > 5
+    True
+    >>> partial_split([8, 8, 16, 32], 9, min_batch_size=2)
+    [2, 2, 2, 3]
+    """
+    try:
+        return apportion(batch_sizes, total, min_batch_size, max_batch_size, size_multiple)
+    except InfeasibleError:
+        return None
 
 
 def _round_to_total(values, total, lo, hi):
@@ -270,10 +391,10 @@ def relative_change(old, new) -> float:
     return float(np.max(np.abs(new - old) / np.maximum(old, 1.0)))
 
 
-def _deadband(old, new, global_batch_size, lo, hi, deadband):
+def _deadband(old, new, global_batch_size, lo, hi, deadband, size_multiple=1):
     """Keep ``old`` when it is a valid split and the change is below the dead band."""
     old = np.asarray(old)
-    valid = int(old.sum()) == global_batch_size and np.all(old >= lo) and np.all(old <= hi)
+    valid = is_valid_split(old, global_batch_size, lo, hi, size_multiple)
     if valid and relative_change(old, new) < deadband:
         return [int(v) for v in old]
     return new
@@ -283,7 +404,7 @@ def _deadband(old, new, global_batch_size, lo, hi, deadband):
 
 
 def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_batch_size=None,
-              gain=1.0, deadband=0.0) -> list:
+              gain=1.0, deadband=0.0, size_multiple=1) -> list:
     """The paper's proportional controller: new per-rank batch sizes from step times.
 
     Args:
@@ -298,6 +419,8 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
         deadband: return ``batch_sizes`` unchanged when the largest relative change
             ``max |b_i' - b_i| / b_i`` is below it (only when ``batch_sizes`` is itself
             a valid split; otherwise the sizes must change anyway).
+        size_multiple: k; sizes are multiples of k, rank 0 also taking
+            ``global_batch_size mod k`` (see :func:`unit_bounds`).
 
     Returns:
         list of int: new sizes, ``sum == global_batch_size``, each within bounds.
@@ -324,8 +447,8 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
     x = b / t
     tbar = _fsum(t) / t.size
     target = np.maximum(b - gain * x * (t - tbar), 0.0)
-    new = apportion(target, global_batch_size, lo, hi)
-    return _deadband(b, new, int(global_batch_size), lo, hi, deadband)
+    new = apportion(target, global_batch_size, lo, hi, size_multiple)
+    return _deadband(b, new, int(global_batch_size), lo, hi, deadband, size_multiple)
 
 
 # ------------------------------------------------------------- affine policy
@@ -392,12 +515,13 @@ def predict_step_times(model: TimeModel, batch_sizes) -> np.ndarray:
 
 
 def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
-                     max_batch_size=None) -> list:
+                     max_batch_size=None, size_multiple=1) -> list:
     """Integer sizes that equalise predicted step times, in closed form.
 
     Finds the common step time T with ``sum_i clip((T - a_i) / c_i, lo_i, hi_i) = B``
     (piecewise linear in T, solved exactly between breakpoints), then rounds with
-    :func:`apportion`'s largest-remainder rule.
+    :func:`apportion`'s largest-remainder rule (in units of ``size_multiple``, whose
+    rule :func:`unit_bounds` states, when it is above 1).
 
     >>> solve_time_model(TimeModel(np.array([1.0, 1.0]), np.array([0.1, 0.05])), 60)
     [20, 40]
@@ -412,6 +536,10 @@ def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
     lo, hi = resolve_bounds(a.size, global_batch_size, min_batch_size, max_batch_size)
     # b_i(T) = (T - a_i)/c_i = -a_i/c_i + (1/c_i) T
     values = _water_fill(-a / c, 1.0 / c, int(global_batch_size), lo, hi)
+    if _check_int("size_multiple", size_multiple, 1) > 1:
+        # the continuous solution already sums to B within bounds: apportion keeps
+        # it and only rounds it to the multiple rule
+        return apportion(values, global_batch_size, lo, hi, size_multiple)
     return _round_to_total(values, int(global_batch_size), lo, hi)
 
 
@@ -437,6 +565,8 @@ class Controller:
         change_tolerance: a rank whose new time differs from the model's prediction
             by more than this fraction has changed speed (noisy neighbour, throttling,
             new hardware): its older measurements are dropped from the fit.
+        size_multiple: every size is a multiple of this k (rank 0 also taking
+            ``B mod k``; see :func:`unit_bounds`), so few distinct shapes occur.
 
     >>> ctl = Controller(2, 60, policy="affine")
     >>> ctl.decide([30, 30], [4.0, 2.5])     # one size seen: proportional guess
@@ -447,7 +577,7 @@ class Controller:
 
     def __init__(self, num_ranks, global_batch_size, *, policy="affine", gain=1.0, deadband=0.0,
                  min_batch_size=1, max_batch_size=None, history=8, change_tolerance=0.25,
-                 max_step_ratio=4, significance=3.0):
+                 max_step_ratio=4, significance=3.0, size_multiple=1):
         self.num_ranks = _check_int("num_ranks", num_ranks, 1)
         self.global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
         if policy not in POLICIES:
@@ -459,13 +589,27 @@ class Controller:
         self.change_tolerance = _check_float("change_tolerance", change_tolerance, 0.0, strict=True)
         self.max_step_ratio = _check_int("max_step_ratio", max_step_ratio, 2)
         self.significance = _check_float("significance", significance, 0.0)
+        self.size_multiple = _check_int("size_multiple", size_multiple, 1)
         self.set_bounds(min_batch_size, max_batch_size)
         self.forget()
 
     def set_bounds(self, min_batch_size=1, max_batch_size=None):
         """Change per-rank bounds (e.g. a lowered memory cap); checks feasibility."""
-        self.lo, self.hi = resolve_bounds(self.num_ranks, self.global_batch_size,
-                                          min_batch_size, max_batch_size)
+        lo, hi = resolve_bounds(self.num_ranks, self.global_batch_size, min_batch_size,
+                                max_batch_size)
+        unit_bounds(lo, hi, self.global_batch_size, self.size_multiple)  # raises if infeasible
+        self.lo, self.hi = lo, hi
+
+    def split(self, targets, total=None) -> list:
+        """:func:`apportion` of ``targets`` to ``total`` (default B) within this
+        controller's bounds and size multiple."""
+        return apportion(targets, self.global_batch_size if total is None else total,
+                         self.lo, self.hi, self.size_multiple)
+
+    def valid(self, sizes) -> bool:
+        """Whether ``sizes`` is a split of B this controller could have chosen."""
+        return is_valid_split(sizes, self.global_batch_size, self.lo, self.hi,
+                              self.size_multiple)
 
     def forget(self):
         """Drop the measured history (after a change of hardware or membership)."""
@@ -511,8 +655,8 @@ class Controller:
         """
         self.observe(batch_sizes, times)
         b, t = self._sizes[-1], self._times[-1]
-        B = self.global_batch_size
-        valid = int(b.sum()) == B and np.all(b >= self.lo) and np.all(b <= self.hi)
+        B, k = self.global_batch_size, self.size_multiple
+        valid = self.valid(b)
         if valid and errors is not None and not self._significant(t, errors):
             return b.tolist()
         lo, hi = self.lo, self.hi
@@ -521,12 +665,14 @@ class Controller:
             hi = np.minimum(hi, b * self.max_step_ratio)
         if self.policy == "proportional":
             new = rebalance(b, t, B, min_batch_size=lo, max_batch_size=hi, gain=self.gain,
-                            deadband=0.0)
+                            deadband=0.0, size_multiple=k)
         else:
-            new = solve_time_model(self.model(), B, min_batch_size=lo, max_batch_size=hi)
+            new = solve_time_model(self.model(), B, min_batch_size=lo, max_batch_size=hi,
+                                   size_multiple=k)
             if self.gain != 1.0:  # partial step towards the solved split
-                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), B, lo, hi)
-        return _deadband(b, new, B, self.lo, self.hi, self.deadband)
+                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), B, lo, hi,
+                                k)
+        return _deadband(b, new, B, self.lo, self.hi, self.deadband, k)
 
     def _significant(self, t, errors) -> bool:
         e = np.asarray(errors, dtype=np.float64)

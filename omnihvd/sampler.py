@@ -13,13 +13,26 @@ Last partial global batch (``N mod B`` samples left over):
   epoch, so a different handful is left out each time; every step keeps the full
   global batch B and so the same learning-rate semantics.
 * ``drop_last=False``: one more, smaller step uses them, split in proportion to the
-  current sizes (at least one sample per rank); when fewer remain than there are
-  ranks, they are dropped, since a rank with no sample cannot take a step.
+  current sizes within the same per-rank bounds as every step (``min_batch_size``,
+  ``max_batch_size``, ``size_multiple``; see
+  :func:`omnihvd.controller.partial_split`). When no split fits -- fewer samples
+  left than the ranks' minimums add up to, e.g. 5 samples for 4 ranks of minimum 2
+  -- the samples are dropped for this epoch, as with ``drop_last=True``: a rank
+  below its minimum (one sample into BatchNorm) cannot take a step. When the step
+  is kept, every sample is still handed out exactly once.
 
 The sizes come from a *schedule* -- the :class:`~omnihvd.OmniLearnCallback` -- which
 must provide ``rank``, ``num_ranks``, ``global_batch_size``, ``current_step`` (steps
-completed) and ``issue(step, total) -> list of sizes``. :class:`StaticSchedule` is a
+completed) and ``issue(step, total) -> list of sizes``; optionally
+``can_split(total) -> bool`` (whether a partial step of ``total`` fits the bounds)
+and ``register_sampler(sampler, train) -> bool``. :class:`StaticSchedule` is a
 fixed one, for tests and for static heterogeneity-aware sizing without a callback.
+
+Training and evaluation samplers: only one sampler per schedule *drives* it (its
+steps are the training steps the callback counts; ``train=True``, by default the
+first sampler created). Any other sampler on the same callback (a validation
+loader) is read-only: each of its batches has the current split's sizes, and it
+records nothing, so it cannot disturb the training schedule.
 """
 from typing import Dict, Iterator, List, Optional
 
@@ -29,7 +42,7 @@ from torch.utils.data import Sampler
 from .controller import apportion
 from .errors import ConfigError
 
-__all__ = ["HeterogeneousBatchSampler", "StaticSchedule"]
+__all__ = ["HeterogeneousBatchSampler", "StaticSchedule", "batch_length"]
 
 
 class StaticSchedule:
@@ -53,7 +66,7 @@ class StaticSchedule:
         self.global_batch_size = sum(self.batch_sizes)
         self.current_step = 0
 
-    def issue(self, step: int, total: int) -> List[int]:
+    def issue(self, step: int, total: int, record: bool = True) -> List[int]:
         if total == self.global_batch_size:
             return list(self.batch_sizes)
         return apportion(self.batch_sizes, total)
@@ -68,9 +81,12 @@ class HeterogeneousBatchSampler(Sampler):
         seed: shuffling seed; must be the same on every rank.
         shuffle: permute each epoch (``seed + epoch``); False keeps dataset order.
         drop_last: policy for the last partial global batch (module docstring).
+        train: whether this sampler's steps are the training steps (module
+            docstring); default: True for the first sampler on the schedule, False
+            for later ones (validation).
 
     Raises:
-        ConfigError: N < B, or malformed arguments.
+        ConfigError: N < B, malformed arguments, or a second ``train=True`` sampler.
 
     Example (two simulated ranks of sizes 2 and 3 over 10 samples)::
 
@@ -84,7 +100,7 @@ class HeterogeneousBatchSampler(Sampler):
     """
 
     def __init__(self, num_samples: int, schedule, *, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = True):
+                 drop_last: bool = True, train: Optional[bool] = None):
         for name in ("rank", "num_ranks", "global_batch_size", "current_step", "issue"):
             if not hasattr(schedule, name):
                 raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
@@ -95,7 +111,8 @@ class HeterogeneousBatchSampler(Sampler):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 62:
             raise ConfigError("seed must be an int in [0, 2**62) (the same on every rank), got %r"
                               % (seed,))
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
+                           ("train", True if train is None else train)):
             if not isinstance(flag, bool):
                 raise ConfigError("%s must be True or False, got %r" % (name, flag))
         if num_samples < schedule.global_batch_size:
@@ -108,8 +125,9 @@ class HeterogeneousBatchSampler(Sampler):
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.epoch = 0
+        self.train = True if train is None else train
         if hasattr(schedule, "register_sampler"):  # lets the callback check ranks agree
-            schedule.register_sampler(self)
+            self.train = schedule.register_sampler(self, train)
         self._resume_step = 0      # step of the epoch to start from (after a resume)
         self._epoch_base: Optional[int] = None  # global step of the epoch's step 0
 
@@ -122,6 +140,9 @@ class HeterogeneousBatchSampler(Sampler):
         """Size of the last partial step, 0 when there is none (or it is dropped)."""
         rest = self.num_samples % self.global_batch_size
         if self.drop_last or rest < self.schedule.num_ranks:
+            return 0
+        fits = getattr(self.schedule, "can_split", None)
+        if fits is not None and not fits(rest):
             return 0
         return rest
 
@@ -157,10 +178,16 @@ class HeterogeneousBatchSampler(Sampler):
         full_steps = self.num_samples // B
         start = self._resume_step
         base = self.schedule.current_step - start
-        self._epoch_base = base
+        if self.train:
+            self._epoch_base = base
         for j in range(start, self.steps_per_epoch):
             total = B if j < full_steps else self._partial()
-            sizes = self.schedule.issue(base + j, total)
+            if self.train:
+                sizes = self.schedule.issue(base + j, total)
+            else:  # the current split, recorded nowhere: the training schedule is untouched
+                sizes = self.schedule.issue(self.schedule.current_step, total, record=False)
+            if sizes is None:  # the bounds changed since __len__: no split holds this step
+                break
             offset = j * B + sum(sizes[:rank])
             yield order[offset:offset + sizes[rank]].tolist()
         self._resume_step = 0
@@ -203,3 +230,17 @@ class HeterogeneousBatchSampler(Sampler):
         self.epoch = epoch
         self._resume_step = step
         self._epoch_base = None
+
+
+def batch_length(batch) -> Optional[int]:
+    """Samples in a batch as a DataLoader yields it: the first dimension of its first
+    tensor (the batch itself, or the first item of a tuple, list or dict); None when
+    there is no tensor in it.
+
+    >>> batch_length((torch.zeros(5, 3), torch.zeros(5))), batch_length({"x": torch.zeros(2)})
+    (5, 2)
+    """
+    while isinstance(batch, (list, tuple, dict)) and len(batch):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else None

@@ -150,10 +150,24 @@ class StepTimer:
         self._clock = clock
         self._begin: Optional[float] = None
         self._wait: Optional[float] = None
+        self._excluded = 0.0
 
     def start(self, at: Optional[float] = None):
         self._begin = self._clock() if at is None else at
         self._wait = None
+        self._excluded = 0.0
+
+    def exclude(self, seconds: float):
+        """Leave ``seconds`` out of the current step's local time: time spent inside
+        the step waiting for other ranks (e.g. a small collective before backward).
+
+        >>> clock = iter([0.0, 0.5]).__next__
+        >>> t = StepTimer(clock)
+        >>> t.start(); t.exclude(0.2); round(t.stop(), 6)
+        0.3
+        """
+        if self._begin is not None and self._wait is None:
+            self._excluded += float(seconds)
 
     def mark_wait(self):
         if self._begin is not None and self._wait is None:
@@ -172,6 +186,7 @@ class StepTimer:
         if self._begin is None:
             return None
         end = self._wait if self._wait is not None else self._clock()
-        local = end - self._begin
+        local = end - self._begin - self._excluded
         self._begin = self._wait = None
+        self._excluded = 0.0
         return local

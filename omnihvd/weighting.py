@@ -8,6 +8,14 @@ multiplies its own gradient before the allreduce:
 * ``op=hvd.Average`` (divides by n): weight ``n * b_i / B``
 * ``op=hvd.Sum``: weight ``b_i / B``
 
+So with omnihvd both ops return the same thing: the gradient of the mean loss over
+the global batch (op only changes the factor omnihvd applies).
+
+With ``loss_reduction="sum"`` each rank's loss is the *sum* over its samples (or a
+sum already divided by a global count, see ``OmniLearnCallback.global_count``); the
+global-batch loss is then the plain sum of the ranks' losses, so the weight does not
+depend on the sizes: ``n`` under Average, 1 under Sum.
+
 The multiplication is a tensor hook on every parameter. On a leaf tensor such a
 hook runs before the gradient is accumulated into ``.grad``, hence before Horovod's
 own hook (registered on the gradient accumulator) launches the allreduce. It
@@ -19,28 +27,59 @@ from typing import List
 
 from .errors import ConfigError
 
-__all__ = ["GradientWeight", "allreduce_weight", "register_gradient_weight"]
+__all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "register_gradient_weight",
+           "synchronized_flag"]
+
+LOSS_REDUCTIONS = ("mean", "sum")
 
 
-def allreduce_weight(batch_size: int, batch_sizes, average: bool) -> float:
+def allreduce_weight(batch_size: int, batch_sizes, average: bool,
+                     reduction: str = "mean") -> float:
     """The factor rank ``i`` applies to its gradient before the allreduce.
 
     Args:
         batch_size: this rank's samples in the step, ``b_i``.
         batch_sizes: every rank's samples in the step (their sum is the step's B).
         average: True for ``op=hvd.Average``, False for ``op=hvd.Sum``.
+        reduction: ``"mean"`` when each rank's loss is the mean over its samples,
+            ``"sum"`` when it is their sum (module docstring).
+
+    Raises:
+        ConfigError: inconsistent sizes or an unknown reduction.
 
     >>> allreduce_weight(8, [8, 8, 16, 32], average=True)
     0.5
     >>> allreduce_weight(8, [8, 8, 16, 32], average=False)
     0.125
+    >>> allreduce_weight(8, [8, 8, 16, 32], average=True, reduction="sum")
+    4.0
     """
     total = sum(int(b) for b in batch_sizes)
     if total <= 0 or not 0 <= batch_size <= total:
         raise ConfigError("need 0 <= batch_size <= sum(batch_sizes) > 0; got batch_size %r of %r"
                           % (batch_size, list(batch_sizes)))
+    if reduction not in LOSS_REDUCTIONS:
+        raise ConfigError("loss_reduction must be one of %s, got %r"
+                          % (", ".join(LOSS_REDUCTIONS), reduction))
     scale = len(batch_sizes) if average else 1
-    return scale * batch_size / total
+    return float(scale) if reduction == "sum" else scale * batch_size / total
+
+
+def synchronized_flag(optimizer):
+    """Whether Horovod's optimizer has already run ``synchronize()`` in this step.
+
+    Reads Horovod's private ``_synchronized`` attribute (Horovod 0.2x sets it in
+    ``synchronize()`` and clears it in ``step()``). Returns None when the optimizer
+    has no such attribute (another Horovod version): then omnihvd cannot tell that an
+    explicit ``synchronize()`` preceded ``step()``, and a loop that calls it must
+    call ``cb.mark_compute_end()`` first, or its step times include waiting.
+
+    >>> class Opt: _synchronized = True
+    >>> synchronized_flag(Opt()), synchronized_flag(object())
+    (True, None)
+    """
+    flag = getattr(optimizer, "_synchronized", None)
+    return None if flag is None else bool(flag)
 
 
 class GradientWeight:
