@@ -394,3 +394,200 @@ def test_step_after_train_end_is_not_timed(data):
     torch.nn.functional.mse_loss(model(x[:B]), y[:B]).backward()
     opt.step()  # no hook left to call into the callback
     assert len(cb.history) == before and cb.step == 2
+
+
+# ------------------------------------------------------- hardening (issue 11)
+
+
+def build_with(model, op=None, **options):
+    kwargs = {} if op is None else {"op": op}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    options.setdefault("global_batch_size", B)
+    return opt, omnihvd.OmniLearnCallback(model, opt, **options)
+
+
+@pytest.mark.parametrize("sync", [hvd.SyncBatchNorm, torch.nn.SyncBatchNorm])
+def test_synchronised_batchnorm_is_refused_with_the_fix(sync):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), sync(3), torch.nn.Linear(3, 1))
+    with pytest.raises(ConfigError) as info:
+        build_with(model)
+    message = str(info.value)
+    assert "synchronised batch normalisation (1)" in message, message
+    assert "torch.nn.BatchNorm1d" in message and "GroupNorm" in message, message
+
+
+def test_batchnorm_raises_the_minimum_batch_to_two(caplog):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    with caplog.at_level(logging.INFO, logger="omnihvd"):
+        _, cb = build_with(model)
+    assert cb.controller.lo.tolist() == [2]
+    assert any("BatchNorm" in r.getMessage() and "min_batch_size raised" in r.getMessage()
+               for r in caplog.records)
+    _, cb = build_with(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)),
+                       min_batch_size=3)
+    assert cb.controller.lo.tolist() == [3]  # a larger minimum is kept
+    _, cb = build_with(torch.nn.Linear(4, 3))
+    assert cb.controller.lo.tolist() == [1]  # no BatchNorm: unchanged
+    with pytest.raises(InfeasibleError, match="BatchNorm"):
+        build_with(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)),
+                   global_batch_size=1)
+
+
+def test_batchnorm_never_gets_a_one_sample_last_step(data):
+    # 65 samples, B = 8: one sample is left for the last step; with drop_last=False
+    # it would be a batch of 1, which BatchNorm1d refuses in training. The floor of 2
+    # makes the sampler drop it, and training runs through.
+    x, y = data.tensors
+    dataset = TensorDataset(torch.cat([x, x[:1]]), torch.cat([y, y[:1]]))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3),
+                                torch.nn.Linear(3, 1)).double()
+    opt, cb = build_with(model)
+    sampler = omnihvd.HeterogeneousBatchSampler(65, cb, drop_last=False)
+    assert len(sampler) == 8
+    batches = train(model, opt, cb, sampler, dataset, epochs=1)
+    cb.on_train_end()
+    assert [len(b) for b in batches] == [8] * 8
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        model(x[:1])  # what the floor protects against
+
+
+def test_partial_step_respects_min_batch_size(data):
+    _, _, cb = build(min_batch_size=4)
+    assert len(omnihvd.HeterogeneousBatchSampler(N + 3, cb, drop_last=False)) == N // B
+    kept = omnihvd.HeterogeneousBatchSampler(N + 5, cb, drop_last=False, train=False)
+    assert len(kept) == N // B + 1 and [len(b) for b in kept][-1] == 5
+
+
+@pytest.mark.parametrize("options,needle", [
+    ({"loss_reduction": "none"}, "loss_reduction"),
+    ({"loss_reduction": None}, "loss_reduction"),
+    ({"size_multiple": 0}, "size_multiple"),
+    ({"size_multiple": 2.5}, "size_multiple"),
+    ({"history_size": 0}, "history_size"),
+    ({"history_size": None}, "history_size"),
+])
+def test_bad_hardening_options(options, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build(**options)
+    # one rank holds B whatever the multiple: rank 0 takes the remainder
+    assert build(size_multiple=16)[2].batch_sizes == [B]
+
+
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
+def test_sum_reduced_loss_trains_exactly_like_plain_sgd(data, op):
+    model, opt, cb = build(op=op, loss_reduction="sum", adjust_every=3)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=2)
+    x, y = data.tensors
+    cb.on_train_begin()
+    for idx in sampler:
+        cb.on_batch_begin(batch=x[idx])
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[idx]), y[idx], reduction="sum").backward()
+        opt.step()
+        cb.on_batch_end()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[idx]), y[idx], reduction="sum").backward()
+        ref_opt.step()
+    cb.on_train_end()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q), (p, q)
+
+
+def test_global_count_sums_the_count_and_checks_it():
+    _, _, cb = build(loss_reduction="sum")
+    cb.on_train_begin()
+    cb.on_batch_begin()
+    assert cb.global_count(torch.tensor(5)) == 5.0 and cb.global_count(2.5) == 2.5
+    for bad in (-1, float("nan"), float("inf"), "x", torch.ones(2)):
+        with pytest.raises(ConfigError, match="rank 0 passed count"):
+            cb.global_count(bad)
+    with pytest.raises(ConfigError, match="0 on every rank"):
+        cb.global_count(0)
+    cb.on_train_end()
+    _, _, mean = build()
+    with pytest.raises(ConfigError, match="loss_reduction='sum'"):
+        mean.global_count(3)
+
+
+def test_batch_of_another_size_is_a_clear_error(data):
+    x, y = data.tensors
+    _, _, cb = build()
+    cb.on_batch_begin(batch=(x[:B], y[:B]))   # the right size
+    cb.on_batch_end()
+    cb.on_batch_begin(batch=3)                # a Keras-style batch index: ignored
+    cb.on_batch_end()
+    cb.on_batch_begin(batch={"x": x[:B]})
+    cb.on_batch_end()
+    with pytest.raises(ConfigError, match=r"rank 0 got a batch of 5 samples at step 3.*is 8.*"
+                                          r"batch_sampler="):
+        cb.on_batch_begin(batch=[x[:5], y[:5]])
+    cb.on_train_end()
+
+
+def test_evaluation_loader_does_not_disturb_the_training_schedule(data):
+    # Before: the validation sampler issued steps of its own, and its partial last
+    # step (5 samples) became the size of a training step.
+    x, y = data.tensors
+    model, opt, cb = build(adjust_every=2)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=1)
+    val = omnihvd.HeterogeneousBatchSampler(13, cb, drop_last=False)
+    assert sampler.train and not val.train
+    seen = []
+    cb.on_train_begin()
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for idx in sampler:
+            cb.on_batch_begin(batch=x[idx])  # checks every training batch's size
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
+            opt.step()
+            cb.on_batch_end()
+            seen.append(len(idx))
+        with torch.no_grad():
+            val_batches = [model(x[idx]) for idx in val]
+        assert [len(v) for v in val_batches] == [8, 5]
+    cb.on_train_end()
+    assert seen == [B] * (2 * N // B) and cb.batch_sizes == [B]
+    with pytest.raises(ConfigError, match="train=False"):
+        omnihvd.HeterogeneousBatchSampler(N, cb, train=True)
+
+
+class NoFlagSGD(torch.optim.SGD):
+    """A one-rank stand-in for a Horovod optimizer that lacks the private
+    ``_synchronized`` flag (another Horovod version): op, synchronize, step."""
+
+    op = hvd.Average
+    backward_passes_per_step = 1
+
+    def synchronize(self):
+        pass
+
+
+def test_optimizer_without_synchronized_flag_warns_once_and_trains(data, caplog):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    opt = NoFlagSGD(model.parameters(), lr=0.05)
+    assert not hasattr(opt, "_synchronized")
+    cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=2,
+                                   nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        train(model, opt, cb, sampler, data, epochs=1)
+        cb.on_train_end()
+        cb.on_train_begin()
+    warnings = [r for r in caplog.records if "_synchronized" in r.getMessage()]
+    assert len(warnings) == 1 and "mark_compute_end" in warnings[0].getMessage()
+    assert all("skipped" not in h for h in cb.history)  # the times are kept
+    cb.on_train_end()
+
+
+def test_history_keeps_the_last_decisions_and_counts_all(data):
+    model, opt, cb = build(adjust_every=1, nonblocking=False, history_size=3)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1)
+    cb.on_train_end()
+    assert [h["step"] for h in cb.history] == [N // B - 2, N // B - 1, N // B]

@@ -6,11 +6,11 @@ advanced after each global step, as ``OmniLearnCallback.on_batch_end`` does.
 """
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from omnihvd.controller import apportion
+from omnihvd.controller import apportion, partial_split
 from omnihvd.errors import ConfigError
 from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 
@@ -156,6 +156,82 @@ def test_partial_split_matches_apportion():
     last = run_epoch(samplers, 0)[-1]
     assert [len(b) for b in last] == apportion([2, 6], 7)
     assert sorted(last[0] + last[1]) == list(range(16, 23))
+
+
+class BoundedSchedule(ChangingSchedule):
+    """A ChangingSchedule with the callback's per-rank bounds for the partial step."""
+
+    def __init__(self, changes, rank, min_batch_size=1, max_batch_size=None, size_multiple=1):
+        super().__init__(changes, rank)
+        self.bounds = (min_batch_size, max_batch_size, size_multiple)
+        self.read = []  # steps read by samplers that record nothing
+
+    def issue(self, step, total, record=True):
+        (self.issued if record else self.read).append(step)
+        sizes = self.sizes_at(step)
+        return list(sizes) if total == self.global_batch_size else partial_split(
+            sizes, total, *self.bounds)
+
+    def can_split(self, total):
+        return partial_split(self.sizes_at(self.current_step), total, *self.bounds) is not None
+
+
+def test_partial_step_below_the_minimum_is_dropped():
+    # The issue's example: 4 ranks of minimum 2 cannot share the 5 samples left over
+    # ([1, 1, 1, 2] would break BatchNorm); the step is dropped, like drop_last=True.
+    samplers = world(2 * 64 + 5, lambda r: BoundedSchedule({0: [8, 8, 16, 32]}, r, 2), 4,
+                     drop_last=False)
+    steps = run_epoch(samplers, 0)
+    assert len(steps) == 2 and all(len(s) == 2 for s in samplers)
+    assert len(set(flat(steps))) == 128
+
+
+def test_partial_step_within_the_bounds_hands_out_every_sample_once():
+    samplers = world(2 * 64 + 9, lambda r: BoundedSchedule({0: [8, 8, 16, 32]}, r, 2), 4,
+                     drop_last=False)
+    steps = run_epoch(samplers, 0)
+    assert [len(b) for b in steps[-1]] == [2, 2, 2, 3]
+    assert sorted(flat(steps)) == list(range(2 * 64 + 9))
+
+
+@given(data=st.data())
+@PROPS
+def test_partial_step_respects_the_bounds_or_is_dropped(data):
+    n = data.draw(st.integers(1, 5), "n")
+    k = data.draw(st.sampled_from([1, 1, 2, 4]), "size_multiple")
+    lo = data.draw(st.integers(1, 4), "min_batch_size")
+    B = k * data.draw(st.integers(max(n, -(-n * lo // k)), 20), "units")
+    assume(partial_split([1] * n, B, lo, None, k) is not None)
+    sizes = partial_split([1] * n, B, lo, None, k)
+    N = data.draw(st.integers(B, 4 * B), "N")
+    samplers = world(N, lambda r: BoundedSchedule({0: sizes}, r, lo, None, k), n,
+                     seed=data.draw(st.integers(0, 1000), "seed"), drop_last=False)
+    steps = run_epoch(samplers, 0)
+    seen = flat(steps)
+    assert len(seen) == len(set(seen)), "a sample was handed out twice"
+    rest = N % B
+    kept = rest >= n and partial_split(sizes, rest, lo, None, k) is not None
+    assert len(seen) == (N if kept else N - rest)
+    if kept:
+        last = [len(b) for b in steps[-1]]
+        assert sum(last) == rest and min(last) >= lo, last
+        assert all(b % k == 0 for b in last[1:]) and last[0] % k == rest % k, last
+
+
+def test_evaluation_sampler_records_nothing_in_the_schedule():
+    schedules = [BoundedSchedule({0: [4, 4], 3: [2, 6]}, r) for r in range(2)]
+    train = [HeterogeneousBatchSampler(40, s, drop_last=False) for s in schedules]
+    val = [HeterogeneousBatchSampler(21, s, drop_last=False, train=False) for s in schedules]
+    run_epoch(train, 0, max_steps=4)
+    assert schedules[0].issued == [0, 1, 2, 3]
+    for s in schedules:
+        s.current_step = 4
+    batches = [list(v) for v in val]
+    # every batch of the evaluation pass has the current split; the partial one too
+    assert [[len(b) for b in step] for step in zip(*batches)] == [[2, 6], [2, 6], [1, 4]]
+    assert sorted(i for rank in batches for b in rank for i in b) == list(range(21))
+    assert schedules[0].issued == [0, 1, 2, 3] and schedules[0].read == [4, 4, 4]
+    assert val[0].position() == 0 and train[0].position() == 4
 
 
 def test_unshuffled_order_is_the_dataset_order():
