@@ -11,16 +11,23 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_scripts")
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("op,bpps,workers", [
-    ("average", 1, 0),   # drop_last=True
-    ("sum", 1, 2),       # drop_last=False (a partial last step), prefetching workers
-    ("average", 2, 2),   # gradient accumulation over two micro-steps
+@pytest.mark.parametrize("op,bpps,workers,loss,n", [
+    ("average", 1, 0, "mse", 245),  # drop_last=True
+    ("sum", 1, 2, "mse", 245),      # drop_last=False: the 5 samples left are fewer than 3
+    #                                 ranks x min_batch_size 2, so that step is dropped
+    ("average", 2, 2, "mse", 245),  # gradient accumulation over two micro-steps
+    ("sum", 1, 0, "sum", 248),      # reduction="sum"; a partial last step of 8, kept
+    ("average", 1, 0, "sum", 245),
+    ("average", 2, 0, "ce", 245),   # class weights + ignore_index, via cb.global_count
+    ("average", 1, 0, "bn", 245),   # plain BatchNorm1d == ghost batch norm
 ])
-def test_weighted_gradient_equals_single_process_global_batch(op, bpps, workers):
+def test_weighted_gradient_equals_single_process_global_batch(op, bpps, workers, loss, n):
     # 3 ranks slowed 1:2:4 so the sizes really change during the run; rank 0 replays
     # every step in one process and compares parameters (float64, tolerance 1e-9),
-    # and checks that each epoch handed out every sample exactly once.
-    out = mpirun(3, os.path.join(HERE, "core_train.py"), op, bpps, workers, "5,10,20").stdout
+    # and checks that each epoch handed out every sample exactly once, and each
+    # validation pass (a second sampler on the callback) every validation sample.
+    out = mpirun(3, os.path.join(HERE, "core_train.py"), op, bpps, workers, "5,10,20", loss,
+                 n).stdout
     assert "CORE-OK" in out, out[-3000:]
 
 
