@@ -358,7 +358,8 @@ class OmniLearnCallback:
             len(shapes), sum(int(p.numel()) for p in self._model.parameters()),
             zlib.crc32(repr(shapes).encode()))
         fp["resume"] = (self.step, self.batch_sizes)
-        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last) for s in self._samplers]
+        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last, getattr(s, "train", True))
+                          for s in self._samplers]
         return fp
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
