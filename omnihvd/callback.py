@@ -31,12 +31,12 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
-import numpy as np
-
 from .comm import make_comm
 from .controller import POLICIES, Controller, partial_split
 from .errors import ConfigError, InfeasibleError, RankMismatchError
+from .losses import checked_count, total_count
 from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
+from .sampler import check_batch_length
 from .timing import SUMMARIES, StepTimer, TimingWindow
 from .weighting import (LOSS_REDUCTIONS, GradientWeight, _optimizer_op, allreduce_weight,
                         register_gradient_weight, synchronized_flag)
@@ -513,16 +513,8 @@ class OmniLearnCallback:
         Raises:
             ConfigError: the batch has another number of samples (on this rank).
         """
-        from .sampler import batch_length
-
-        got = batch_length(batch)
-        want = (self._step_sizes or self.batch_sizes_at(self.step))[self.rank]
-        if got is not None and got != want:
-            raise ConfigError(
-                "rank %d got a batch of %d samples at step %d, but its batch size for that step "
-                "is %d (cb.batch_size): build the loader as DataLoader(dataset, batch_sampler="
-                "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, and "
-                "keep every sample the sampler hands out" % (self.rank, got, self.step, want))
+        check_batch_length(batch, (self._step_sizes or self.batch_sizes_at(self.step))[self.rank],
+                           self.rank, self.step)
 
     def global_count(self, count) -> float:
         """The sum of ``count`` over every rank, for normalising a summed loss.
@@ -559,22 +551,11 @@ class OmniLearnCallback:
         if self.loss_reduction != "sum":
             raise ConfigError("global_count normalises a sum-reduced loss: create the callback "
                               "with loss_reduction='sum' (it has %r)" % self.loss_reduction)
-        try:
-            value = float(count)
-        except (TypeError, ValueError, RuntimeError):
-            value = float("nan")
-        if not (value == value and 0 <= value < float("inf")):
-            raise ConfigError("global_count: rank %d passed count %r; it must be a finite "
-                              "number >= 0" % (self.rank, count))
+        value = checked_count(count, self.rank)
         t0 = time.perf_counter()
         gathered = self._comm.allgather([value])
         self._timer.exclude(time.perf_counter() - t0)  # waiting for the others
-        total = float(np.sum(gathered[:, 0]))
-        if total <= 0:
-            raise ConfigError("global_count: the count is 0 on every rank at step %d (e.g. every "
-                              "target is ignore_index); there is nothing to normalise by"
-                              % self.step)
-        return total
+        return total_count(gathered, self.step)
 
     def mark_compute_end(self):
         """Mark where this rank starts waiting for the others, when that is not ``step()``.
