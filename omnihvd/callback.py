@@ -34,9 +34,8 @@ from typing import Dict, List, Optional
 from .comm import make_comm
 from .controller import POLICIES, Controller, partial_split
 from .errors import ConfigError, InfeasibleError, RankMismatchError
-from .losses import checked_count, total_count
+from .losses import check_batch_length, checked_count, total_count
 from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
-from .sampler import check_batch_length
 from .timing import SUMMARIES, StepTimer, TimingWindow
 from .weighting import (LOSS_REDUCTIONS, GradientWeight, _optimizer_op, allreduce_weight,
                         register_gradient_weight, synchronized_flag)

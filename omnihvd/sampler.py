@@ -42,7 +42,7 @@ from torch.utils.data import Sampler
 from .controller import apportion
 from .errors import ConfigError
 
-__all__ = ["HeterogeneousBatchSampler", "StaticSchedule", "batch_length", "check_batch_length"]
+__all__ = ["HeterogeneousBatchSampler", "StaticSchedule"]
 
 
 class StaticSchedule:
@@ -231,36 +231,3 @@ class HeterogeneousBatchSampler(Sampler):
         self._resume_step = step
         self._epoch_base = None
 
-
-def batch_length(batch) -> Optional[int]:
-    """Samples in a batch as a DataLoader yields it: the first dimension of its first
-    tensor (the batch itself, or the first item of a tuple, list or dict); None when
-    there is no tensor in it.
-
-    >>> batch_length((torch.zeros(5, 3), torch.zeros(5))), batch_length({"x": torch.zeros(2)})
-    (5, 2)
-    """
-    while isinstance(batch, (list, tuple, dict)) and len(batch):
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    shape = getattr(batch, "shape", None)
-    return int(shape[0]) if shape is not None and len(shape) else None
-
-
-def check_batch_length(batch, batch_size: int, rank: int, step: int):
-    """Check that ``batch`` (as :func:`batch_length` reads it) holds ``batch_size``.
-
-    The gradient weights assume the sampler's sizes; a batch of another size (a
-    DataLoader built with ``batch_size=`` instead of ``batch_sampler=``, a collate
-    function that drops samples) would make the gradient silently wrong.
-
-    Raises:
-        ConfigError: another number of samples; the message names the rank, the
-            step, both sizes and the fix.
-    """
-    got = batch_length(batch)
-    if got is not None and got != batch_size:
-        raise ConfigError(
-            "rank %d got a batch of %d samples at step %d, but its batch size for that step is %d "
-            "(cb.batch_size): build the loader as DataLoader(dataset, batch_sampler="
-            "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, and keep "
-            "every sample the sampler hands out" % (rank, got, step, batch_size))

@@ -20,6 +20,7 @@ import omnihvd
 NEEDS_INSTALL = (
     "omnihvd.models",                           # torch at import
     "omnihvd.sampler",                          # torch at import
+    "omnihvd.normalization.batchnorm_layers",   # a torch model
     "omnihvd.weighting.register_gradient_weight",  # a torch tensor hook
     "omnihvd.doctor.run_checks",                # runs the doctor on this install
 )

@@ -26,6 +26,8 @@ import horovod.torch as hvd
 import omnihvd
 from omnihvd.comm import PendingGather
 
+pytestmark = pytest.mark.single
+
 RANKS, B, ADJUST, STEPS, KEEP = 3, 60, 1000, 1_000_000, 20
 SPEEDS = ([1.0, 2.0, 4.0], [4.0, 1.0, 2.0])  # samples per ms, swapped every 2 decisions
 

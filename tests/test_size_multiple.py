@@ -27,6 +27,8 @@ from omnihvd.controller import (
 from omnihvd.errors import ConfigError, InfeasibleError
 from test_controller import FEW, PROPS, bounds, expand, seconds
 
+pytestmark = pytest.mark.unit
+
 multiples = st.sampled_from([1, 2, 3, 4, 8, 16])
 
 
