@@ -152,8 +152,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             ``process_group``.
         global_batch_size: B, the samples per step over all ranks; held exactly.
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
-        adjust_every, policy, settle_steps, timing, nonblocking: as for
-            :class:`~omnihvd.OmniLearnCallback`.
+        adjust_every, policy, settle_steps, timing, nonblocking, size_multiple,
+        loss_reduction, history_size: as for :class:`~omnihvd.OmniLearnCallback`.
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
             others; default True with several ranks.
@@ -170,7 +170,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", nonblocking: bool = True,
+                 timing: str = "median", nonblocking: bool = True, size_multiple: int = 1,
+                 loss_reduction: str = "mean", history_size: int = 1000,
                  abort_on_exception: Optional[bool] = None):
         import torch.distributed as dist
 
@@ -187,7 +188,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         self._warned_no_bucket = False
         self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain,
-                                   adjust_every, policy, settle_steps, timing, nonblocking)
+                                   adjust_every, policy, settle_steps, timing, nonblocking,
+                                   size_multiple, loss_reduction, history_size)
         self._enable_abort(self.num_ranks > 1 if abort_on_exception is None
                            else abort_on_exception)
 
