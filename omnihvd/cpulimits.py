@@ -95,8 +95,9 @@ def parse_mountinfo(text: str) -> List[dict]:
         ``root`` (the cgroup path it shows), ``mount`` (mount point), ``options``
         (set of super options, e.g. ``{"rw", "cpu", "cpuacct"}``).
 
-    >>> parse_mountinfo("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\\n")
-    [{'fstype': 'cgroup', 'root': '/', 'mount': '/sys/fs/cgroup/cpu', 'options': {'rw', 'cpu'}}]
+    >>> m, = parse_mountinfo("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\\n")
+    >>> m["fstype"], m["root"], m["mount"], sorted(m["options"])
+    ('cgroup', '/', '/sys/fs/cgroup/cpu', ['cpu', 'rw'])
     """
     mounts = []
     for line in text.splitlines():
