@@ -30,7 +30,7 @@ def fake_clock(*readings):
 @pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, -0.0])
 def test_invalid_samples_are_ignored(garbage):
     clean = [0.2, 0.3, 0.4]
-    assert robust_step_time(clean + [garbage]) == pytest.approx(0.3)
+    assert robust_step_time(clean + [garbage], "median") == pytest.approx(0.3)
     assert robust_step_time(clean + [garbage], method="mean") == pytest.approx(0.3)
 
 
@@ -46,7 +46,7 @@ def test_only_invalid_or_no_samples_give_nan_without_warnings():
 def test_one_100x_outlier_does_not_move_the_median(position):
     clean = [0.25] * 5
     spiked = clean[:position] + [25.0] + clean[position:]
-    assert robust_step_time(spiked) == 0.25
+    assert robust_step_time(spiked, "median") == 0.25
     # ... whereas the mean is dragged far away by it
     assert robust_step_time(spiked, method="mean") > 4.0
 
@@ -56,7 +56,7 @@ def test_outlier_keeps_median_within_the_clean_samples():
     for _ in range(50):
         clean = rng.uniform(0.1, 0.2, size=rng.integers(3, 12))
         spiked = np.append(clean, 100 * clean.max())
-        assert clean.min() <= robust_step_time(spiked) <= clean.max()
+        assert clean.min() <= robust_step_time(spiked, "median") <= clean.max()
 
 
 def test_mean_method():
@@ -65,7 +65,7 @@ def test_mean_method():
 
 
 def test_returns_python_float_for_1d_input():
-    out = robust_step_time(np.array([0.1, 0.2, 0.3]))
+    out = robust_step_time(np.array([0.1, 0.2, 0.3]), "median")
     assert type(out) is float and out == pytest.approx(0.2)
 
 
@@ -81,7 +81,7 @@ def test_axis0_reduces_a_steps_by_ranks_array_per_rank():
     ])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the all-invalid column must not warn
-        med = robust_step_time(times, axis=0)
+        med = robust_step_time(times, "median", axis=0)
         mean = robust_step_time(times, method="mean", axis=0)
     assert med.shape == (4,)
     np.testing.assert_allclose(med[[0, 1, 3]], [0.10, 0.20, 0.40])
@@ -89,7 +89,7 @@ def test_axis0_reduces_a_steps_by_ranks_array_per_rank():
     np.testing.assert_allclose(mean[[0, 1, 3]], [9.4 / 5, 1.4 / 5, 0.40])
     assert math.isnan(mean[2])
     # axis=1 summarises each step over ranks instead
-    np.testing.assert_allclose(robust_step_time(times[:2], axis=1), [0.20, 0.20])
+    np.testing.assert_allclose(robust_step_time(times[:2], "median", axis=1), [0.20, 0.20])
 
 
 @pytest.mark.parametrize("method", ["max", "MEDIAN", "", None])
@@ -102,7 +102,7 @@ def test_unknown_method_is_a_config_error(method):
 
 
 def test_window_drops_settle_steps_then_keeps_valid_samples():
-    w = TimingWindow(settle_steps=2)
+    w = TimingWindow(settle_steps=2, method="median")
     assert [w.add(s) for s in [5.0, 4.0, 0.2, 0.3, 0.25]] == [False, False, True, True, True]
     assert len(w) == 3 and w.summary() == pytest.approx(0.25)
 
@@ -117,7 +117,7 @@ def test_window_rejects_garbage_without_counting_it():
 
 
 def test_window_summary_is_robust_to_a_gc_pause():
-    w = TimingWindow(settle_steps=0)
+    w = TimingWindow(settle_steps=0, method="median")
     for s in [0.2, 0.2, 30.0, 0.2, 0.2]:
         w.add(s)
     assert w.summary() == 0.2
