@@ -7,7 +7,7 @@ forward and backward. With Horovod that point is the entry to ``optimizer.step()
 whose ``synchronize()`` blocks until every rank's gradients are reduced (the
 allreduces themselves started asynchronously during backward).
 
-Three things make the local time what the rank really costs (docs/timing.rst):
+Four things make the local time what the rank really costs (docs/timing.rst):
 
 * **Device work.** On a GPU the host returns from ``backward()`` once the kernels are
   queued. :class:`StepTimer` takes an injected ``device_sync`` callable (the model's
@@ -18,6 +18,9 @@ Three things make the local time what the rank really costs (docs/timing.rst):
 * **Data loading.** :class:`TimedIterable` times each ``next()`` of a loader and adds
   it to the step it feeds (:meth:`StepTimer.add`); the first ``next()`` of an
   iteration, which starts the loader's workers, is not charged.
+* **CPU quotas.** A rank that idles while it waits for peers refills its CFS quota
+  and measures its unthrottled speed at small batches. With ``cpu_cores`` set (the
+  quota, :mod:`omnihvd.cgroup`), a step lasts at least its CPU time over the quota.
 * **Bursty CPU.** Under a CFS quota (``docker --cpus``, Kubernetes limits) a rank runs
   at full speed, then stalls until the next quota period. The window summary
   ``"sustained"`` (default) is the mean local time with only the rarest samples
@@ -249,7 +252,7 @@ class TimingWindow:
 
 
 class StepTimer:
-    """Time of one rank's local work in each step, device work included.
+    """Time of one rank's local work in each step: device work and CPU quota included.
 
     ``start()`` at the beginning of the step's own work, ``mark_wait()`` where the
     rank begins waiting for others (the first call in a step counts, later ones are
@@ -260,11 +263,17 @@ class StepTimer:
     loader's ``next()``) to the step that follows.
 
     Args:
-        clock: seconds, monotonic (default ``time.perf_counter``).
+        clock: wall seconds, monotonic (default ``time.perf_counter``).
         device_sync: None (CPU), or a callable that returns once the device has run
             everything this rank queued on its compute stream (see
             :func:`omnihvd.device.device_synchronizer`). ``mark_wait`` calls it, so
             the local time is the larger of host time and device time.
+        cpu_cores: None, or the CPU cores the process may use under a CFS quota
+            (:func:`omnihvd.cgroup.cpu_quota_cores`; settable at any time). The step
+            then lasts at least its CPU time over ``cpu_cores``: what it costs when
+            the rank works without idle pauses to refill its quota, as at balance.
+        cpu_clock: the process's CPU seconds (default ``time.process_time``), read
+            only while ``cpu_cores`` is set.
 
     >>> clock = iter([0.0, 0.3, 0.9]).__next__
     >>> t = StepTimer(clock)
@@ -273,13 +282,19 @@ class StepTimer:
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 device_sync: Optional[Callable[[], None]] = None):
+                 device_sync: Optional[Callable[[], None]] = None,
+                 cpu_cores: Optional[float] = None,
+                 cpu_clock: Callable[[], float] = time.process_time):
         if device_sync is not None and not callable(device_sync):
             raise ConfigError("device_sync must be None or a callable, got %r" % (device_sync,))
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self.device_sync = device_sync
+        self.cpu_cores = cpu_cores
         self._begin: Optional[float] = None
         self._wait: Optional[float] = None
+        self._cpu: Optional[float] = None   # CPU clock at start, then CPU seconds at the mark
+        self._cpu_marked = False
         self._extra = 0.0
         self.host_seconds: Optional[float] = None  # the last step's host-side time
 
@@ -295,10 +310,14 @@ class StepTimer:
         self._begin = self._clock() if at is None else at
         self._wait = None
         self.host_seconds = None
+        self._cpu = self._cpu_clock() if self.cpu_cores else None
+        self._cpu_marked = False
 
     def mark_wait(self):
         if self._begin is not None and self._wait is None:
             now = self._clock()
+            if self._cpu is not None:  # before the device sync, which may spin
+                self._cpu, self._cpu_marked = self._cpu_clock() - self._cpu, True
             self.host_seconds = now - self._begin
             if self.device_sync is not None:
                 self.device_sync()  # the compute stream only: not the wait for peers
@@ -319,12 +338,16 @@ class StepTimer:
         if self._begin is None:
             return None
         end = self._wait if self._wait is not None else self._clock()
-        return end - self._begin + self._extra
+        seconds = end - self._begin
+        if self._cpu is not None and self.cpu_cores:
+            cpu = self._cpu if self._cpu_marked else self._cpu_clock() - self._cpu
+            seconds = max(seconds, cpu / self.cpu_cores)
+        return seconds + self._extra
 
     def stop(self) -> Optional[float]:
         local = self.local()
         if local is not None:
-            self._begin = self._wait = None
+            self._begin = self._wait = self._cpu = None
             self._extra = 0.0
         return local
 
