@@ -69,6 +69,7 @@ from typing import List, Optional
 from .callback import OmniLearnCallback
 from .comm import TorchDistComm
 from .errors import ConfigError
+from .timing import DEFAULT_SUMMARY
 from .weighting import GradientWeight
 
 __all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
@@ -170,7 +171,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", nonblocking: bool = True,
+                 timing: str = DEFAULT_SUMMARY, nonblocking: bool = True,
                  abort_on_exception: Optional[bool] = None):
         import torch.distributed as dist
 

@@ -51,8 +51,9 @@ class SizeSchedule:
     >>> s = SizeSchedule(0, 2, 10, [5, 5])
     >>> s.issue(0, 10), s.issue(1, 10)          # a prefetching loader hands out two steps
     ([5, 5], [5, 5])
-    >>> s.change(2, [3, 7]); s.advance(); s.lookahead
-    0
+    >>> s.lookahead                              # step 1 is handed out, step 0 runs
+    1
+    >>> s.change(2, [3, 7]); s.advance()
     >>> s.batch_sizes_at(1), s.batch_sizes_at(2), s.issue(4, 6)
     ([5, 5], [3, 7], [2, 4])
     """
@@ -69,7 +70,7 @@ class SizeSchedule:
         self._changes = [(s, list(v)) for s, v in changes]
         self._issued: Dict[int, List[int]] = {}  # step -> sizes the sampler handed out
         self._issued_upto = step - 1
-        self._max_lookahead = -1
+        self._max_lookahead = 0
 
     @property
     def current_step(self) -> int:
@@ -94,6 +95,7 @@ class SizeSchedule:
             sizes = apportion(sizes, total)
         self._issued[step] = sizes
         self._issued_upto = max(self._issued_upto, step)
+        self._max_lookahead = max(self._max_lookahead, step - self.step)
         return list(sizes)
 
     def register_sampler(self, sampler):
@@ -102,9 +104,10 @@ class SizeSchedule:
 
     @property
     def lookahead(self) -> int:
-        """How many steps beyond the running one the samplers have handed out (the
-        most seen so far: a change must start after every rank's prefetch)."""
-        return max(self._max_lookahead, self._issued_upto - self.step)
+        """How many steps beyond the running one (``current_step``) the sampler has
+        handed out: the most seen so far, since a loader's prefetch depth varies (it
+        is deepest at an epoch's start) and a change must start after all of it."""
+        return max(self._max_lookahead, self._issued_upto - self.step, 0)
 
     @property
     def latest(self) -> List[int]:
@@ -133,7 +136,6 @@ class SizeSchedule:
         """One step completed."""
         self.step += 1
         self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
-        self._max_lookahead = max(self._max_lookahead, self._issued_upto - self.step)
 
 
 class StaticSchedule:
