@@ -62,7 +62,7 @@ class Decision(NamedTuple):
 
 def close_window(window: TimingWindow) -> Measurement:
     """Summarise ``window`` and empty it (no settle: the sizes did not change)."""
-    out = Measurement(window.summary(), window.standard_error(), window.counts())
+    out = Measurement(*window.measure())
     window.reset(settle=False)  # each adjustment sees only fresh steps
     return out
 
@@ -109,15 +109,20 @@ class Cadence:
         self.settle_steps = int(settle_steps)
         self.timing = timing
         self.window = TimingWindow(self.settle_steps, timing)
-        self._window_sizes: Optional[np.ndarray] = None
+        self._window_sizes: Optional[List[int]] = None
+        self._window_key = None
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
 
     # -------------------------------------------------------------- measuring
     def begin_step(self, sizes: Sequence[int]):
         """The sizes in effect for the step about to run; a change opens a new window."""
-        if self._window_sizes is None or not np.array_equal(sizes, self._window_sizes):
+        # A cheap key: this runs every step (tuple for a few ranks, bytes for the
+        # simulator's vectors of thousands).
+        key = sizes.astype(np.int64).tobytes() if isinstance(sizes, np.ndarray) else tuple(sizes)
+        if key != self._window_key:
             self.window.reset(settle=True)
-            self._window_sizes = np.array(sizes, dtype=np.int64)
+            self._window_key = key
+            self._window_sizes = [int(b) for b in sizes]
 
     def record(self, seconds) -> bool:
         """Offer the running step's local time; returns whether it was kept."""
@@ -130,7 +135,7 @@ class Cadence:
     @property
     def window_sizes(self) -> Optional[List[int]]:
         """The sizes the current window's samples were measured at."""
-        return None if self._window_sizes is None else self._window_sizes.tolist()
+        return None if self._window_sizes is None else list(self._window_sizes)
 
     # --------------------------------------------------------------- deciding
     def pending(self, step: int) -> Optional[tuple]:

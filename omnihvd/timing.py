@@ -102,9 +102,10 @@ def sustained_step_time(samples, axis: Optional[int] = None):
     >>> round(t, 6)                  # the sustained rate, where the median says 2.0
     4.333333
     """
-    valid = _valid(samples)
-    if axis is None:
-        valid, axis = valid.ravel(), 0
+    arr = np.asarray(samples, dtype=np.float64)
+    if axis is None or arr.ndim == 1:
+        return _sustained_1d(arr.ravel().tolist())
+    valid = _valid(arr)
     if valid.size == 0:
         return float("nan"), float("nan")
     clipped, n = _clip_rare(valid, axis)
@@ -116,6 +117,23 @@ def sustained_step_time(samples, axis: Optional[int] = None):
     if np.ndim(mean) == 0:
         return float(mean), float(error)
     return mean, error
+
+
+def _sustained_1d(values):
+    """:func:`sustained_step_time` of one rank's samples, in plain Python: a window
+    holds some twenty numbers, where numpy's per-call overhead would dominate."""
+    vals = sorted(v for v in values if v > 0 and math.isfinite(v))
+    n = len(vals)
+    if n == 0:
+        return float("nan"), float("nan")
+    if n < 3:
+        return math.fsum(vals) / n, 0.0
+    k = int(math.ceil(RARE_FRACTION * n))
+    cap = vals[n - 1 - k]
+    vals[n - k:] = [cap] * k
+    mean = math.fsum(vals) / n
+    spread = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
+    return mean, spread / math.sqrt(n)
 
 
 def robust_step_time(samples, method: str = DEFAULT_SUMMARY, axis: Optional[int] = None):
@@ -240,12 +258,21 @@ class TimingWindow:
         out = _standard_error(_valid(self._array()), self.method, 0)
         return float(out) if np.ndim(out) == 0 else out
 
+    def measure(self):
+        """``(summary, standard_error, counts)`` in one pass (what a rank gathers)."""
+        if self.method == "sustained" and self._samples:
+            arr = self._array()
+            time_, error = sustained_step_time(arr, axis=0)
+            return time_, error, self.counts()
+        return self.summary(), self.standard_error(), self.counts()
+
     def counts(self):
         """Valid samples held: an int, or one per lane for vector samples."""
         if not self._samples:
             return 0
-        out = np.sum(np.isfinite(self._array()), axis=0)
-        return int(out) if np.ndim(out) == 0 else out
+        if not isinstance(self._samples[0], np.ndarray):
+            return len(self._samples)  # scalar samples are kept only when valid
+        return np.sum(np.isfinite(self._array()), axis=0)
 
     def __len__(self):
         return len(self._samples)
