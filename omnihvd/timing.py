@@ -322,7 +322,8 @@ class StepTimer:
         self._wait: Optional[float] = None
         self._cpu: Optional[float] = None   # CPU clock at start, then CPU seconds at the mark
         self._cpu_marked = False
-        self._extra = 0.0
+        self._extra = 0.0      # work before start() charged to this step (data loading)
+        self._excluded = 0.0   # waiting inside the step, left out
         self.host_seconds: Optional[float] = None  # the last step's host-side time
 
     def add(self, seconds: float):
@@ -333,9 +334,22 @@ class StepTimer:
         """Forget work charged by :meth:`add` that no step has taken yet."""
         self._extra = 0.0
 
+    def exclude(self, seconds: float):
+        """Leave ``seconds`` out of the current step's local time: time spent inside
+        the step waiting for other ranks (e.g. a small collective before backward).
+
+        >>> clock = iter([0.0, 0.5]).__next__
+        >>> t = StepTimer(clock)
+        >>> t.start(); t.exclude(0.2); round(t.stop(), 6)
+        0.3
+        """
+        if self._begin is not None and self._wait is None:
+            self._excluded += float(seconds)
+
     def start(self, at: Optional[float] = None):
         self._begin = self._clock() if at is None else at
         self._wait = None
+        self._excluded = 0.0
         self.host_seconds = None
         self._cpu = self._cpu_clock() if self.cpu_cores else None
         self._cpu_marked = False
@@ -365,7 +379,7 @@ class StepTimer:
         if self._begin is None:
             return None
         end = self._wait if self._wait is not None else self._clock()
-        seconds = end - self._begin
+        seconds = end - self._begin - self._excluded
         if self._cpu is not None and self.cpu_cores:
             cpu = self._cpu if self._cpu_marked else self._cpu_clock() - self._cpu
             seconds = max(seconds, cpu / self.cpu_cores)
@@ -375,7 +389,7 @@ class StepTimer:
         local = self.local()
         if local is not None:
             self._begin = self._wait = self._cpu = None
-            self._extra = 0.0
+            self._extra = self._excluded = 0.0
         return local
 
 
