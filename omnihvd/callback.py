@@ -420,7 +420,6 @@ class OmniLearnCallback:
 
     def _post(self):
         self._record()
-        self._refresh_quota()  # a re-quota mid-run counts from the next window on
         measured = close_window(self.cadence.window)
         sizes = self.cadence.window_sizes or self.batch_sizes
         payload = [measured.time, measured.count, sizes[self.rank], self.schedule.lookahead,
@@ -443,6 +442,7 @@ class OmniLearnCallback:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._decide(pending.wait())
+            self._refresh_quota()  # a re-quota mid-run counts from the next window on
         self.schedule.advance()
         self.overhead_seconds += time.perf_counter() - t0
 
