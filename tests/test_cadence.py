@@ -8,6 +8,8 @@ from omnihvd.cadence import Cadence, check_cadence, close_window
 from omnihvd.controller import Controller
 from omnihvd.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 
 def cadence(n=2, B=60, **kw):
     kw.setdefault("adjust_every", 4)

@@ -5,6 +5,8 @@ import torch
 
 from omnihvd.device import device_synchronizer, model_devices
 
+pytestmark = pytest.mark.single
+
 
 class FakeStream:
     def __init__(self, log, name):

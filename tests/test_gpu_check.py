@@ -9,6 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import gpu_timing_check as check  # noqa: E402
 
+pytestmark = pytest.mark.single
+
 
 def medians(omni_large, host_large=0.1):
     return {"n=1": {"cuda_events": 1.0, "omnihvd": 1.0, "host_only": 0.1},

@@ -7,6 +7,8 @@ import pytest
 from cfs_loop import best_fixed_split, run_loop
 from omnihvd.cgroup import cpu_quota_cores
 
+pytestmark = pytest.mark.unit
+
 PHASES = [0.0, 0.0031, 0.0077]   # ranks started at different points of the quota period
 B = 96
 

@@ -6,6 +6,8 @@ import pytest
 
 from mpirun import mpirun
 
+pytestmark = pytest.mark.mpi
+
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_scripts")
 SCRIPT = os.path.join(HERE, "data_loading.py")
 B, N, RANKS = 48, 48 * 20, 3
@@ -24,7 +26,6 @@ def _check_coverage(result, epochs):
         assert union == list(range(N)), "epoch %d: a sample was repeated or skipped" % epoch
 
 
-@pytest.mark.mpi
 def test_a_rank_with_a_slower_dataset_ends_with_fewer_samples():
     r = _run("wrap", 2)
     sizes = r["final_sizes"]
@@ -35,7 +36,6 @@ def test_a_rank_with_a_slower_dataset_ends_with_fewer_samples():
     _check_coverage(r, 2)
 
 
-@pytest.mark.mpi
 def test_the_plain_contract_loop_keeps_working():
     r = _run("plain", 1)
     assert sum(r["final_sizes"]) == B
