@@ -1,6 +1,8 @@
 """omnihvd.device: which stream the timer waits for (single process; fakes, no GPU)."""
 import types
 
+import pytest
+
 import torch
 
 from omnihvd.device import device_synchronizer, model_devices
