@@ -2,7 +2,6 @@
 import types
 
 import pytest
-
 import torch
 
 from omnihvd.device import device_synchronizer, model_devices
