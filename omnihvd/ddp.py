@@ -153,7 +153,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             ``process_group``.
         global_batch_size: B, the samples per step over all ranks; held exactly.
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
-        adjust_every, policy, settle_steps, timing, nonblocking: as for
+        adjust_every, policy, settle_steps, timing, nonblocking, device_sync,
+        cpu_quota: as for
             :class:`~omnihvd.OmniLearnCallback`.
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
@@ -172,7 +173,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True,
-                 abort_on_exception: Optional[bool] = None):
+                 abort_on_exception: Optional[bool] = None, device_sync="auto",
+                 cpu_quota="auto"):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -188,7 +190,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         self._warned_no_bucket = False
         self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain,
-                                   adjust_every, policy, settle_steps, timing, nonblocking)
+                                   adjust_every, policy, settle_steps, timing, nonblocking,
+                                   device_sync, cpu_quota)
         self._enable_abort(self.num_ranks > 1 if abort_on_exception is None
                            else abort_on_exception)
 
