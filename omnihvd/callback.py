@@ -1,19 +1,22 @@
-"""OmniLearnCallback: the drop-in object that ties timing, gathering, control,
-gradient weighting and the sampler together. It owns no math of its own.
+"""OmniLearnCallback: the drop-in object that wires timing, gathering, the cadence,
+gradient weighting and the size schedule together. It owns no math of its own.
 
-Per step (the indices are global steps, counted across epochs)::
+Per step ``s`` (global steps, counted across epochs)::
 
-    on_batch_begin   sizes for this step -> gradient weight; start the local timer
-    opt.step()       pre-hook (the wait boundary): local time ends; at the last
-                     step of each ``adjust_every`` window post the allgather of
-                     [time, samples, size, look-ahead, digest, cap, error]; it
-                     runs beside the gradient synchronisation that follows
-    on_batch_end     complete the gather, decide (every rank the same, from the
-                     same data), schedule the new sizes for the first step no
-                     rank's sampler has handed out yet
+    on_batch_begin   sizes of step s (schedule) -> gradient weight; start the timer
+    opt.step()       pre-hook = the wait boundary: the local time ends (the compute
+                     stream synchronised on GPUs); if s closes a window, post the
+                     non-blocking allgather of [time, samples, size, look-ahead,
+                     digest, memory cap, standard error] now, so it overlaps the
+                     gradient synchronize() that follows
+    on_batch_end     complete that gather, decide (every rank the same, from the
+                     same data: omnihvd.cadence), schedule the new sizes for the
+                     first step no rank's sampler has handed out yet
 
-A change therefore takes effect at the same step on every rank, also when a
-``DataLoader`` with workers has already prefetched a few batches.
+Where each idea lives: timing in :mod:`omnihvd.timing` (device, data loading,
+CPU quota, estimator), the rhythm in :mod:`omnihvd.cadence`, the decision in
+:mod:`omnihvd.controller`, the schedule in :mod:`omnihvd.schedule`, checkpoint
+validation in :mod:`omnihvd.checkpoint`, gathering in :mod:`omnihvd.comm`.
 
 Why the gather starts and ends inside one step: ranks leave the last step at
 different moments, and the first to exit shuts Horovod down on every rank (when
@@ -31,12 +34,18 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
-from .comm import make_comm
-from .controller import POLICIES, Controller, partial_split
+import numpy as np
+
+from .cadence import Cadence, close_window
+from .cgroup import cpu_quota_cores
+from .checkpoint import checked_state
+from .comm import PendingGather, make_comm
+from .controller import POLICIES, Controller, initial_split, partial_split
 from .errors import ConfigError, InfeasibleError, RankMismatchError
 from .losses import check_batch_length, checked_count, total_count
 from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
-from .timing import SUMMARIES, StepTimer, TimingWindow
+from .schedule import SizeSchedule
+from .timing import DEFAULT_SUMMARY, SUMMARIES, StepTimer, TimedIterable
 from .weighting import (LOSS_REDUCTIONS, GradientWeight, _optimizer_op, allreduce_weight,
                         register_gradient_weight, synchronized_flag)
 
@@ -53,49 +62,6 @@ PAYLOAD_FIELDS = 7  # float64 per rank per adjustment: time, samples, size, look
 def _digest(sizes) -> float:
     """A float-exact checksum of a size vector (crc32 fits a float64 exactly)."""
     return float(zlib.crc32(",".join(str(int(b)) for b in sizes).encode()))
-
-
-def _checked_state(state):
-    """The fields of a callback state_dict, validated; ConfigError names what is wrong."""
-    def bad(what):
-        return ConfigError("not a valid OmniLearnCallback state_dict: %s" % what)
-
-    if not isinstance(state, dict):
-        raise bad("expected a dict, got %s" % type(state).__name__)
-    for key in ("global_batch_size", "num_ranks", "step", "batch_sizes"):
-        if key not in state:
-            raise bad("missing %r" % key)
-
-    def whole(key, value, minimum):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise bad("%s must be an int >= %d, got %r" % (key, minimum, value))
-        return value
-
-    B = whole("global_batch_size", state["global_batch_size"], 1)
-    n = whole("num_ranks", state["num_ranks"], 1)
-    step = whole("step", state["step"], 0)
-    whole("epoch", state.get("epoch", 0), 0)
-
-    def split(key, value, width):
-        if not isinstance(value, (list, tuple)) or len(value) != width:
-            raise bad("%s must be a list of %d ints, got %r" % (key, width, value))
-        return [whole(key, b, 1) for b in value]
-
-    sizes = split("batch_sizes", state["batch_sizes"], n)
-    changes = state.get("changes", [])
-    if sum(sizes) != B:
-        raise bad("batch_sizes %r do not sum to its global_batch_size %d" % (sizes, B))
-    if not isinstance(changes, (list, tuple)) or not all(
-            isinstance(c, (list, tuple)) and len(c) == 2 for c in changes):
-        raise bad("changes must be a list of (step, sizes) pairs, got %r" % (changes,))
-    changes = [(whole("changes step", s, 0), split("changes sizes", v, n)) for s, v in changes]
-    if any(sum(v) != B for _, v in changes):
-        raise bad("a scheduled split in changes does not sum to global_batch_size %d: %r"
-                  % (B, changes))
-    caps = state.get("max_batch_size")
-    if caps is not None:
-        caps = split("max_batch_size", caps, n)
-    return B, n, step, sizes, changes, caps
 
 
 def _check_int(name, value, minimum):
@@ -124,7 +90,9 @@ class OmniLearnCallback:
         policy: ``"affine"`` (default; time model a + c*b) or ``"proportional"``
             (the paper's controller).
         settle_steps: steps not timed after each size change (default 1).
-        timing: ``"median"`` (default, robust) or ``"mean"`` per window.
+        timing: window summary: ``"sustained"`` (default; the mean with rare pauses
+            clipped, robust to bursty CPU), ``"median"`` or ``"mean"``
+            (docs/timing.rst).
         nonblocking: post the allgather at the wait boundary so that it runs beside
             the step's gradient synchronisation (default True); False posts it in
             ``on_batch_end`` and waits there.
@@ -146,6 +114,12 @@ class OmniLearnCallback:
             waiting in a collective forever (see :mod:`omnihvd.faults`). Default:
             True with several ranks, except under Horovod elastic, where a failed
             worker must leave alone.
+        device_sync: ``"auto"`` (default: wait for the model's compute stream at
+            the wait boundary when it is on an accelerator, see
+            :mod:`omnihvd.device`), None (host time only) or a callable.
+        cpu_quota: ``"auto"`` (default: this process's CFS quota in cores, read from
+            its cgroup at the start and at every adjustment), None (ignore quotas)
+            or a number of cores; a step then lasts at least its CPU time over it.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -163,7 +137,7 @@ class OmniLearnCallback:
         cb.on_train_begin()
         for epoch in range(epochs):
             sampler.set_epoch(epoch); cb.on_epoch_begin(epoch)
-            for x, y in loader:
+            for x, y in cb.wrap(loader):       # or `in loader`: data time not counted
                 cb.on_batch_begin()
                 opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
                 cb.on_batch_end()
@@ -175,9 +149,10 @@ class OmniLearnCallback:
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", nonblocking: bool = True, comm=None,
+                 timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, comm=None,
                  size_multiple: int = 1, loss_reduction: str = "mean",
-                 history_size: int = 1000, abort_on_exception: Optional[bool] = None):
+                 history_size: int = 1000, abort_on_exception: Optional[bool] = None,
+                 device_sync="auto", cpu_quota="auto"):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -188,7 +163,7 @@ class OmniLearnCallback:
         self._configure_everywhere(model, optimizer, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain, adjust_every,
                                    policy, settle_steps, timing, nonblocking, size_multiple,
-                                   loss_reduction, history_size)
+                                   loss_reduction, history_size, device_sync, cpu_quota)
         if abort_on_exception is None:
             abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
         self._enable_abort(abort_on_exception)
@@ -233,24 +208,33 @@ class OmniLearnCallback:
     def _configure(self, model, optimizer, global_batch_size, initial_batch_sizes,
                    min_batch_size, max_batch_size, deadband, gain, adjust_every, policy,
                    settle_steps, timing, nonblocking, size_multiple=1, loss_reduction="mean",
-                   history_size=1000):
+                   history_size=1000, device_sync="auto", cpu_quota="auto"):
         if not hasattr(model, "named_modules"):
             raise ConfigError("model must be a torch.nn.Module, got %s" % type(model).__name__)
         check_no_sync_batchnorm(model)
         self._average = self._check_backend(model, optimizer)
         B = _check_int("global_batch_size", global_batch_size, 1)
-        self.adjust_every = _check_int("adjust_every", adjust_every, 1)
+        adjust_every = _check_int("adjust_every", adjust_every, 1)
         if policy not in POLICIES:
             raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
         if timing not in SUMMARIES:
             raise ConfigError("timing must be one of %s, got %r" % (", ".join(SUMMARIES), timing))
-        self.global_batch_size = B
         if not isinstance(nonblocking, bool):
             raise ConfigError("nonblocking must be True or False, got %r" % (nonblocking,))
-        self.nonblocking = nonblocking
+        if not (device_sync is None or device_sync == "auto" or callable(device_sync)):
+            raise ConfigError("device_sync must be 'auto', None or a callable, got %r"
+                              % (device_sync,))
+        if not (cpu_quota is None or cpu_quota == "auto" or (
+                isinstance(cpu_quota, (int, float)) and not isinstance(cpu_quota, bool)
+                and 0 < cpu_quota < float("inf"))):
+            raise ConfigError("cpu_quota must be 'auto', None or a number of cores > 0, got %r"
+                              % (cpu_quota,))
         if loss_reduction not in LOSS_REDUCTIONS:
             raise ConfigError("loss_reduction must be one of %s, got %r"
                               % (", ".join(LOSS_REDUCTIONS), loss_reduction))
+        self.global_batch_size = B
+        self.adjust_every = adjust_every
+        self.nonblocking = nonblocking
         self.loss_reduction = loss_reduction
         self.history_size = _check_int("history_size", history_size, 1)
         norms = batchnorm_layers(model)
@@ -274,31 +258,12 @@ class OmniLearnCallback:
                                   "BatchNorm layers; use a larger global_batch_size, or "
                                   "GroupNorm/LayerNorm)" % exc) from exc
         lo, hi = self.controller.lo, self.controller.hi
-        if initial_batch_sizes is None:
-            sizes = self.controller.split([1.0] * self.num_ranks)
-        else:
-            try:
-                sizes = [int(b) for b in initial_batch_sizes]
-            except (TypeError, ValueError):
-                sizes = None
-            if sizes is None or len(sizes) != self.num_ranks or any(
-                    b != v for b, v in zip(sizes, initial_batch_sizes)):
-                raise ConfigError("initial_batch_sizes must be a list of %d ints (one per rank), "
-                                  "got %r" % (self.num_ranks, initial_batch_sizes))
-            if sum(sizes) != B:
-                raise ConfigError("initial_batch_sizes %r sum to %d, not global_batch_size %d"
-                                  % (sizes, sum(sizes), B))
-            bad = [r for r, b in enumerate(sizes) if not lo[r] <= b <= hi[r]]
-            if bad:
-                r = bad[0]
-                raise ConfigError("initial_batch_sizes[%d]=%d is outside [%d, %d] (min/max_batch_size)"
-                                  % (r, sizes[r], lo[r], hi[r]))
-            if not self.controller.valid(sizes):
-                raise ConfigError("initial_batch_sizes %r do not follow size_multiple %d: every "
-                                  "size must be a multiple of it, rank 0's plus %d (B mod %d)"
-                                  % (sizes, self.controller.size_multiple,
-                                     B % self.controller.size_multiple,
-                                     self.controller.size_multiple))
+        sizes = initial_split(self.num_ranks, B, lo, hi, initial_batch_sizes,
+                              size_multiple=self.controller.size_multiple)
+        self.cadence = Cadence(self.controller, adjust_every=adjust_every,
+                               settle_steps=settle_steps, timing=timing)
+        self.schedule = SizeSchedule(self.rank, self.num_ranks, B, sizes,
+                                     partial=self._partial_split)
         self._model = model
         self._optimizer = optimizer
         self._options = dict(
@@ -309,29 +274,22 @@ class OmniLearnCallback:
             average=self._average, size_multiple=self.controller.size_multiple,
             loss_reduction=loss_reduction, history_size=self.history_size,
             backward_passes_per_step=getattr(optimizer, "backward_passes_per_step", 1))
-        self._window = TimingWindow(settle_steps, timing)
+        self._device_sync_option = device_sync
+        self._cpu_quota_option = cpu_quota
         self._timer = StepTimer()
         self._weight = GradientWeight(1.0)
-        # Schedule: (first step, sizes) in increasing order; the last entry whose
-        # first step is <= s gives the sizes of step s.
-        self._changes = [(0, list(sizes))]
-        self._issued: Dict[int, List[int]] = {}   # step -> sizes the sampler handed out
-        self._issued_upto = -1
-        self._max_lookahead = -1
-        self._pending = None
-        self._window_sizes: Optional[List[int]] = None
+        self._pending = None          # the posted gather of this step
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
-        self._samplers = []
         self._started = False
         self._drop_sample = False
+        self._recorded = False        # this step's sample was taken at the wait boundary
         self._warned_sync = False
         # None: this optimizer does not expose Horovod's private flag, so an explicit
         # synchronize() before step() cannot be detected (warned at on_train_begin).
         self._sync_detectable = optimizer is None or synchronized_flag(optimizer) is not None
         self._cap = int(self.controller.hi[self.rank])
         self.oom_events = 0
-        self.step = 0
         self.epoch = 0
         self.history: List[Dict] = []   # the last history_size decisions
         self._adjustments = 0
@@ -357,9 +315,56 @@ class OmniLearnCallback:
             len(shapes), sum(int(p.numel()) for p in self._model.parameters()),
             zlib.crc32(repr(shapes).encode()))
         fp["resume"] = (self.step, self.batch_sizes)
-        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last, getattr(s, "train", True))
-                          for s in self._samplers]
+        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last)
+                          for s in self.schedule.samplers]
         return fp
+
+    def _configure_timer(self):
+        """Device sync and CPU quota for the timer (the model may have moved to its
+        device after the callback was built, so this runs at on_train_begin)."""
+        option = self._device_sync_option
+        if option == "auto":
+            from .device import device_synchronizer
+
+            option = device_synchronizer(self._model)
+        self._timer.device_sync = option
+        self._refresh_quota()
+
+    def _refresh_quota(self):
+        option = self._cpu_quota_option
+        self._timer.cpu_cores = cpu_quota_cores() if option == "auto" else option
+
+    # ----------------------------------------------- schedule (BatchSchedule protocol)
+    @property
+    def step(self) -> int:
+        """Steps completed so far (global, across epochs)."""
+        return self.schedule.step
+
+    @property
+    def current_step(self) -> int:
+        """Steps completed so far (the index of the step about to run)."""
+        return self.schedule.step
+
+    def batch_sizes_at(self, step: int) -> List[int]:
+        """All ranks' sizes for global step ``step`` as scheduled now."""
+        return self.schedule.batch_sizes_at(step)
+
+    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
+        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler).
+
+        A partial step (``total < B``) is split within the bounds, or None when no
+        split fits (the sampler then drops it). ``record=False`` (evaluation
+        samplers) leaves the schedule untouched.
+        """
+        return self.schedule.issue(step, total, record)
+
+    def _partial_split(self, sizes, total):
+        c = self.controller
+        return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
+
+    def can_split(self, total: int) -> bool:
+        """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
+        return self._partial_split(self.batch_sizes, total) is not None
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
@@ -373,74 +378,28 @@ class OmniLearnCallback:
         Raises:
             ConfigError: a second sampler asks for ``train=True``.
         """
-        driving = any(getattr(s, "train", False) for s in self._samplers)
-        if train is None:
-            train = not driving
-        elif train and driving:
-            raise ConfigError("a training sampler (train=True) is already registered with this "
-                              "callback; create evaluation samplers with train=False")
-        self._samplers.append(sampler)
-        return bool(train)
-
-    # ------------------------------------------------------------ schedule
-    @property
-    def current_step(self) -> int:
-        """Steps completed so far (the index of the step about to run)."""
-        return self.step
-
-    def batch_sizes_at(self, step: int) -> List[int]:
-        """All ranks' sizes for global step ``step`` as scheduled now."""
-        if step in self._issued:
-            return list(self._issued[step])
-        sizes = self._changes[0][1]
-        for first, s in self._changes:
-            if first > step:
-                break
-            sizes = s
-        return list(sizes)
+        return self.schedule.register_sampler(sampler, train)
 
     @property
     def batch_sizes(self) -> List[int]:
         """Every rank's current batch size (the same list on every rank); sums to B."""
-        return self.batch_sizes_at(self.step)
+        return self.schedule.batch_sizes_at(self.step)
 
     @property
     def batch_size(self) -> int:
         """This rank's current batch size, b_i."""
         return self.batch_sizes[self.rank]
 
-    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
-        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler).
+    def wrap(self, loader):
+        """``loader`` with each ``next()`` counted as this rank's work.
 
-        A partial step (``total < B``) is split within the bounds, or None when no
-        split fits (the sampler then drops it). ``record=False`` (evaluation
-        samplers) leaves the schedule untouched.
+        Iterate the result instead of the loader (``for x, y in cb.wrap(loader)``):
+        the time of each ``next()`` is added to the local time of the step it feeds,
+        so a rank with slow storage or few loader workers gets fewer samples. The
+        first ``next()`` of each epoch (worker start-up) is not counted, nor is
+        anything between steps that is not a ``next()``.
         """
-        sizes = self.batch_sizes_at(step)
-        if total != self.global_batch_size:  # the last, partial step of an epoch
-            sizes = self._partial_split(sizes, total)
-            if sizes is None:
-                return None
-        if record:
-            self._issued[step] = sizes
-            self._issued_upto = max(self._issued_upto, step)
-        return list(sizes)
-
-    def _partial_split(self, sizes, total):
-        c = self.controller
-        return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
-
-    def can_split(self, total: int) -> bool:
-        """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
-        return self._partial_split(self.batch_sizes, total) is not None
-
-    def _schedule(self, first_step: int, sizes: List[int]):
-        if first_step <= self._issued_upto:
-            raise RuntimeError(
-                "omnihvd internal error: rank %d already handed out step %d, so new sizes cannot "
-                "start at step %d; please report this with your DataLoader settings"
-                % (self.rank, self._issued_upto, first_step))
-        self._changes = [c for c in self._changes if c[0] < first_step] + [(first_step, list(sizes))]
+        return TimedIterable(loader, self._timer.add, restart=self._timer.discard_extra)
 
     # --------------------------------------------------------------- hooks
     def on_train_begin(self, logs=None):
@@ -459,6 +418,7 @@ class OmniLearnCallback:
         if diffs:
             raise RankMismatchError("ranks disagree on the omnihvd configuration or model; every "
                                     "rank must pass the same values (%s)" % "; ".join(diffs))
+        self._configure_timer()
         self._hooks = self._install_hooks()
         self._started = True
         if not self._sync_detectable and not self._warned_sync:
@@ -489,18 +449,16 @@ class OmniLearnCallback:
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
-        sizes = self.batch_sizes_at(self.step)
+        sizes = self.schedule.batch_sizes_at(self.step)
         self._step_sizes = sizes
         if batch is not None and not isinstance(batch, int):
             self.check_batch(batch)
         self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
                                               self.loss_reduction)
-        if sizes != self._window_sizes:
-            self._window.reset(settle=True)
-            self._window_sizes = sizes
-        self._drop_sample = False
-        self._timer.start()
+        self.cadence.begin_step(sizes)
+        self._drop_sample = self._recorded = False
         self.overhead_seconds += time.perf_counter() - t0
+        self._timer.start()
 
     def check_batch(self, batch):
         """Check that ``batch`` holds this rank's size for the current step.
@@ -563,34 +521,11 @@ class OmniLearnCallback:
         clipping with ``opt.skip_synchronize()``); otherwise omnihvd times up to the
         entry of ``opt.step()`` by itself.
         """
-        self._at_wait_boundary()
-
-    def _at_wait_boundary(self):
-        # This rank's own work for the step is done; next it waits for its peers.
-        # Later calls in the same step (Horovod's step() re-enters the hook) do nothing.
-        if not self._timer.running:
-            return
-        self._timer.mark_wait()
-        self._close_step_time()
-        if self.nonblocking and (self.step + 1) % self.adjust_every == 0 and self._pending is None:
-            self._post_gather(steps_done=self.step + 1)
-
-    def _close_step_time(self):
-        local = self._timer.stop()
-        if local is not None and not self._drop_sample:
-            self._window.add(local)
-
-    def _post_gather(self, steps_done):
-        sizes = self._window_sizes or self.batch_sizes
-        payload = [self._window.summary(), len(self._window), sizes[self.rank],
-                   max(self._max_lookahead, self._issued_upto - steps_done),
-                   _digest(sizes), self._cap, self._window.standard_error()]
-        self._window.reset(settle=False)  # each adjustment sees only fresh steps
-        self._pending = self._comm.iallgather(payload)
+        self._wait_boundary()
 
     def _on_step_entry(self, optimizer, args, kwargs):
         # Horovod's step() enters this hook before synchronize() (and once more from
-        # the wrapped optimizer's step after it); the timer keeps the first mark.
+        # the wrapped optimizer's step after it); only the first entry is the boundary.
         if (self._timer.running and not self._timer.marked
                 and synchronized_flag(optimizer)):
             # synchronize() already ran and nobody marked the compute end: the time
@@ -601,26 +536,54 @@ class OmniLearnCallback:
                 log.warning("omnihvd: rank %d: opt.synchronize() ran before opt.step(), so step "
                             "times include waiting and are dropped; call cb.mark_compute_end() "
                             "just before opt.synchronize() to let omnihvd balance", self.rank)
-        self._at_wait_boundary()
+        self._wait_boundary()
+
+    def _wait_boundary(self):
+        # The step's own work is done; next this rank waits for its peers. Later calls
+        # in the same step (Horovod's step() re-enters the hook) do nothing.
+        if not self._timer.running:
+            return
+        self._timer.mark_wait()
+        self._record()
+        self._timer.stop()
+        t0 = time.perf_counter()
+        if self.nonblocking and self.cadence.gathers_at(self.step):
+            self._post()  # overlaps the gradient synchronize() that follows
+        self.overhead_seconds += time.perf_counter() - t0
+
+    def _record(self):
+        if not self._recorded:
+            self._recorded = True
+            local = self._timer.local()
+            if local is not None and not self._drop_sample:
+                self.cadence.record(local)
+
+    def _post(self):
+        self._record()
+        measured = close_window(self.cadence.window)
+        sizes = self.cadence.window_sizes or self.batch_sizes
+        payload = [measured.time, measured.count, sizes[self.rank], self.schedule.lookahead,
+                   _digest(sizes), self._cap, measured.error]
+        if self.nonblocking:
+            self._pending = self._comm.iallgather(payload)
+        else:
+            done = self._comm.allgather(payload)
+            self._pending = PendingGather(lambda: done)
 
     def on_batch_end(self, batch=None, logs=None):
-        """Record the step's local time; gather, decide and schedule when due."""
+        """Record the step's local time; complete the gather, decide and schedule when due."""
         t0 = time.perf_counter()
         if self._timer.running:  # no wait boundary this step (no opt.step() call)
             self._timer.mark_wait()
-            self._close_step_time()
-        self.step += 1
-        self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
-        while len(self._changes) > 1 and self._changes[1][0] <= self.step:
-            # the next change is in effect: earlier ones are never read again (no step
-            # before the current one is asked for), so a long run's schedule stays short
-            del self._changes[0]
-        self._max_lookahead = max(self._max_lookahead, self._issued_upto - self.step)
-        if self.step % self.adjust_every == 0 and self._pending is None:
-            self._post_gather(steps_done=self.step)
+            self._record()
+            self._timer.stop()
+        if self.cadence.gathers_at(self.step) and self._pending is None:
+            self._post()  # no wait boundary this step (a loop without step()), or blocking
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._decide(pending.wait())
+            self._refresh_quota()  # a re-quota mid-run counts from the next window on
+        self.schedule.advance()
         self.overhead_seconds += time.perf_counter() - t0
 
     def on_epoch_end(self, epoch, logs=None):
@@ -645,14 +608,15 @@ class OmniLearnCallback:
     # ------------------------------------------------------------ deciding
     def _decide(self, gathered):
         t0 = time.perf_counter()
+        step = self.step
         digests = set(gathered[:, _DIGEST].tolist())
         if len(digests) != 1:
             raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
                                     "omnihvd state diverged (were different checkpoints loaded?)"
-                                    % self.step)
+                                    % step)
         times = gathered[:, _TIME]
         sizes = [int(b) for b in gathered[:, _SIZE]]
-        record = {"step": self.step, "epoch": self.epoch, "sizes": sizes,
+        record = {"step": step + 1, "epoch": self.epoch, "sizes": sizes,
                   "times": [float(t) for t in times],
                   "samples": [int(c) for c in gathered[:, _COUNT]]}
         caps = gathered[:, _CAP].astype(int)
@@ -660,29 +624,24 @@ class OmniLearnCallback:
         if capped:  # a rank ran out of memory: every rank lowers its cap the same way
             self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
             record["caps"] = self.controller.hi.tolist()
-        valid = all(t == t and t > 0 for t in record["times"]) and min(record["samples"]) > 0
-        if valid:
-            # The noise gate needs robust spreads; "mean" timing (the reference
-            # implementation's) runs without it.
-            errors = gathered[:, _ERROR] if self._options["timing"] == "median" else None
-            new = self.controller.decide(sizes, times, errors)
-        elif capped:  # no usable timing, but the split must respect the new caps now
-            new = self.controller.split(self._changes[-1][1])
-        else:
-            new = None
+        lookahead = int(gathered[:, _AHEAD].max())
+        decision = self.cadence.decide(step, sizes, times, gathered[:, _ERROR],
+                                       gathered[:, _COUNT], lookahead=lookahead)
+        if decision.skipped is not None and capped:
+            # no usable timing, but the split must respect the new caps now
+            forced = self.controller.split(self.schedule.latest)
+            decision = self.cadence.propose(step, sizes, forced, lookahead=lookahead)
+        if decision.skipped is not None:
             record.update(new_sizes=sizes, changed=False, effective_step=None,
-                          skipped="no valid timing on rank(s) %s" % [
-                              r for r, t in enumerate(record["times"]) if not (t == t and t > 0)])
-        if new is not None:
-            changed = new != self._changes[-1][1]  # not already current or scheduled
-            effective = self.step + max(int(gathered[:, _AHEAD].max()), -1) + 1
-            if changed:
-                self._schedule(effective, new)
-            record.update(new_sizes=new, changed=changed,
-                          effective_step=effective if changed else None)
-            if changed and self.rank == 0:
+                          skipped=decision.skipped)
+        else:
+            if decision.changed:
+                self.schedule.change(decision.effective_step, decision.new_sizes)
+            record.update(new_sizes=decision.new_sizes, changed=decision.changed,
+                          effective_step=decision.effective_step)
+            if decision.changed and self.rank == 0:
                 log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s)",
-                         self.step, sizes, new, effective,
+                         step + 1, sizes, decision.new_sizes, decision.effective_step,
                          ", ".join("%.4g" % t for t in times),
                          "; memory caps %s" % self.controller.hi.tolist() if capped else "")
         record["decision_s"] = time.perf_counter() - t0
@@ -741,8 +700,7 @@ class OmniLearnCallback:
         """Batch sizes, time-model history and step, for the user's checkpoint."""
         return {"version": 1, "global_batch_size": self.global_batch_size,
                 "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
-                "batch_sizes": self.batch_sizes,
-                "changes": [(s, v) for s, v in self._changes if s > self.step],
+                "batch_sizes": self.batch_sizes, "changes": self.schedule.upcoming(),
                 "max_batch_size": self.controller.hi.tolist(),
                 "controller": self.controller.state_dict()}
 
@@ -755,27 +713,30 @@ class OmniLearnCallback:
         Raises:
             ConfigError: the checkpoint has another global batch size, or is malformed.
         """
-        B, n, step, sizes, changes, caps = _checked_state(state)
+        saved = checked_state(state)
+        B, step, sizes = saved.global_batch_size, saved.step, saved.batch_sizes
         if B != self.global_batch_size:
             raise ConfigError("checkpoint has global_batch_size %d but this run has %d; resume "
                               "with the same global batch" % (B, self.global_batch_size))
         if self._started:
             raise ConfigError("load_state_dict must be called before on_train_begin")
-        self.step, self.epoch = step, state.get("epoch", 0)
-        self._issued, self._issued_upto, self._max_lookahead = {}, step - 1, -1
-        if n == self.num_ranks:
-            if not self.controller.valid(sizes):
-                sizes = self.controller.split(sizes)
-            if caps is not None:  # memory caps learned from out-of-memory errors
-                self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
+        self.epoch = saved.epoch
+        self.cadence.forget_pending()
+        if saved.num_ranks == self.num_ranks:
+            if saved.max_batch_size is not None:  # memory caps learned from out-of-memory errors
+                self.controller.set_bounds(self.controller.lo,
+                                           self.controller.hi.clip(max=saved.max_batch_size))
                 self._cap = int(self.controller.hi[self.rank])
-            self._changes = [(step, sizes)] + [
-                (s, v if self.controller.valid(v) else self.controller.split(v))
-                for s, v in changes if s > step]
-            self.controller.load_state_dict(state.get("controller", {}))
+
+            def fit(v):  # the bounds of this run may be narrower than the checkpoint's
+                return v if self.controller.valid(v) else self.controller.split(v)
+            self.schedule.restore(step, [(step, fit(sizes))] + [
+                (s, fit(v)) for s, v in saved.changes if s > step])
+            self.controller.load_state_dict(saved.controller)
         else:
-            self._changes = [(step, list(self._options["initial_batch_sizes"]))]
+            self.schedule.restore(step, [(step, list(self._options["initial_batch_sizes"]))])
             self.controller.forget()
             if self.rank == 0:
                 log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
-                         n, self.num_ranks, self.batch_sizes)
+                         saved.num_ranks, self.num_ranks, self.batch_sizes)
+

@@ -51,6 +51,7 @@ __all__ = [
     "predict_step_times",
     "relative_change",
     "resolve_bounds",
+    "initial_split",
 ]
 
 POLICIES = ("affine", "proportional")
@@ -237,6 +238,52 @@ def is_valid_split(sizes, total: int, lo, hi, size_multiple: int = 1) -> bool:
         return False
     k = int(size_multiple)
     return bool(np.all(b[1:] % k == 0) and b[0] % k == int(total) % k)
+def initial_split(num_ranks: int, global_batch_size: int, lo, hi, initial_batch_sizes=None,
+                  *, member: str = "rank", size_multiple: int = 1) -> list:
+    """The starting sizes: ``initial_batch_sizes`` checked, or an equal split.
+
+    The one check of ``initial_batch_sizes`` for the callback, the asynchronous
+    balancer and the simulator.
+
+    Args:
+        num_ranks: n.
+        global_batch_size: B.
+        lo, hi: per-rank bounds from :func:`resolve_bounds`.
+        initial_batch_sizes: None (equal split within the bounds) or one int per rank.
+        member: what one entry is for, in messages (``"rank"`` or ``"worker"``).
+        size_multiple: k; the sizes must follow the multiple rule of :func:`unit_bounds`.
+
+    Raises:
+        ConfigError: not one int per rank, a sum other than B, or a size outside
+            its bounds (the message names the entry and the bounds).
+
+    >>> initial_split(3, 10, [1, 1, 1], [10, 10, 10])
+    [4, 3, 3]
+    >>> initial_split(2, 10, [1, 1], [10, 10], [3, 7])
+    [3, 7]
+    """
+    if initial_batch_sizes is None:
+        return apportion([1.0] * num_ranks, global_batch_size, lo, hi, size_multiple)
+    try:
+        sizes = [int(b) for b in initial_batch_sizes]
+    except (TypeError, ValueError):
+        sizes = None
+    if sizes is None or len(sizes) != num_ranks or any(
+            isinstance(v, bool) or b != v for b, v in zip(sizes, initial_batch_sizes)):
+        raise ConfigError("initial_batch_sizes must be a list of %d ints (one per %s), got %r"
+                          % (num_ranks, member, initial_batch_sizes))
+    if sum(sizes) != global_batch_size:
+        raise ConfigError("initial_batch_sizes %r sum to %d, not global_batch_size %d"
+                          % (sizes, sum(sizes), global_batch_size))
+    for r, b in enumerate(sizes):
+        if not lo[r] <= b <= hi[r]:
+            raise ConfigError("initial_batch_sizes[%d]=%d is outside [%d, %d] (min/max_batch_size)"
+                              % (r, b, lo[r], hi[r]))
+    if not is_valid_split(sizes, global_batch_size, lo, hi, size_multiple):
+        raise ConfigError("initial_batch_sizes %r do not follow size_multiple %d: every size must "
+                          "be a multiple of it, rank 0's plus %d (B mod %d)"
+                          % (sizes, size_multiple, global_batch_size % size_multiple, size_multiple))
+    return sizes
 
 
 # ------------------------------------------------------------- apportioning

@@ -69,6 +69,7 @@ from typing import List, Optional
 from .callback import OmniLearnCallback
 from .comm import TorchDistComm
 from .errors import ConfigError
+from .timing import DEFAULT_SUMMARY
 from .weighting import GradientWeight
 
 __all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
@@ -153,7 +154,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         global_batch_size: B, the samples per step over all ranks; held exactly.
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
         adjust_every, policy, settle_steps, timing, nonblocking, size_multiple,
-        loss_reduction, history_size: as for :class:`~omnihvd.OmniLearnCallback`.
+        loss_reduction, history_size, device_sync, cpu_quota: as for
+            :class:`~omnihvd.OmniLearnCallback`.
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
             others; default True with several ranks.
@@ -170,9 +172,10 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", nonblocking: bool = True, size_multiple: int = 1,
+                 timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, size_multiple: int = 1,
                  loss_reduction: str = "mean", history_size: int = 1000,
-                 abort_on_exception: Optional[bool] = None):
+                 abort_on_exception: Optional[bool] = None, device_sync="auto",
+                 cpu_quota="auto"):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -189,7 +192,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain,
                                    adjust_every, policy, settle_steps, timing, nonblocking,
-                                   size_multiple, loss_reduction, history_size)
+                                   size_multiple, loss_reduction, history_size,
+                                   device_sync, cpu_quota)
         self._enable_abort(self.num_ranks > 1 if abort_on_exception is None
                            else abort_on_exception)
 

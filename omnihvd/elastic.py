@@ -34,6 +34,7 @@ import numpy as np
 
 from .controller import apportion
 from .errors import ConfigError, RankMismatchError
+from .timing import sustained_step_time
 
 __all__ = ["ElasticBatchSplit", "split_for_world"]
 
@@ -98,8 +99,10 @@ class ElasticBatchSplit:
         global_batch_size: B, samples per step over all workers; held exactly.
         min_batch_size: int, the smallest batch any worker may get (default 1).
         max_batch_size: int or None: the largest (memory cap), the same for all.
-        window: how many recent steps the local throughput is the median of (kept
-            across resets: the worker is the same process, and older steps age out).
+        window: how many recent steps the local throughput is estimated from (kept
+            across resets: the worker is the same process, and older steps age out),
+            with the estimator every other decision uses
+            (:func:`omnihvd.timing.sustained_step_time`, per sample).
         target: optional object told about every new split, with
             ``reset_world(rank, size, batch_sizes, step=None)`` (e.g. the
             OmniLearnCallback); if
@@ -200,13 +203,14 @@ class ElasticBatchSplit:
             self._samples.append((b, t))
 
     def local_throughput(self) -> Optional[float]:
-        """Median samples/s of this worker's recent steps, or None before any."""
+        """Sustained samples/s of this worker's recent steps, or None before any."""
         if self.target is not None and callable(getattr(self.target, "local_throughput", None)):
             x = self.target.local_throughput()
             return None if x is None or not (math.isfinite(x) and x > 0) else float(x)
         if not self._samples:
             return None
-        return float(np.median([b / t for b, t in self._samples]))
+        per_sample, _ = sustained_step_time([t / b for b, t in self._samples])
+        return 1.0 / per_sample
 
     # --------------------------------------------------------------- agreeing
     def begin(self, step=None) -> List[int]:

@@ -21,12 +21,13 @@ Last partial global batch (``N mod B`` samples left over):
   below its minimum (one sample into BatchNorm) cannot take a step. When the step
   is kept, every sample is still handed out exactly once.
 
-The sizes come from a *schedule* -- the :class:`~omnihvd.OmniLearnCallback` -- which
-must provide ``rank``, ``num_ranks``, ``global_batch_size``, ``current_step`` (steps
-completed) and ``issue(step, total) -> list of sizes``; optionally
-``can_split(total) -> bool`` (whether a partial step of ``total`` fits the bounds)
-and ``register_sampler(sampler, train) -> bool``. :class:`StaticSchedule` is a
-fixed one, for tests and for static heterogeneity-aware sizing without a callback.
+The sizes come from a *schedule*, any object of the protocol
+:class:`omnihvd.schedule.BatchSchedule` (``rank``, ``num_ranks``,
+``global_batch_size``, ``current_step`` and ``issue(step, total)``; optionally
+``can_split(total) -> bool``, whether a partial step of ``total`` fits the bounds, and
+``register_sampler(sampler, train) -> bool``): the :class:`~omnihvd.OmniLearnCallback`,
+or :class:`StaticSchedule`, a fixed one for tests and for static
+heterogeneity-aware sizing without a callback.
 
 Training and evaluation samplers: only one sampler per schedule *drives* it (its
 steps are the training steps the callback counts; ``train=True``, by default the
@@ -39,37 +40,10 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils.data import Sampler
 
-from .controller import apportion
 from .errors import ConfigError
+from .schedule import BatchSchedule, StaticSchedule
 
 __all__ = ["HeterogeneousBatchSampler", "StaticSchedule"]
-
-
-class StaticSchedule:
-    """A schedule with fixed sizes, for one rank of a simulated or static world.
-
-    >>> s = StaticSchedule([2, 3], rank=1)
-    >>> s.issue(0, 5), s.global_batch_size
-    ([2, 3], 5)
-    """
-
-    def __init__(self, batch_sizes, rank: int = 0):
-        if not isinstance(batch_sizes, (list, tuple)) or not batch_sizes or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
-            raise ConfigError("batch_sizes must be a non-empty list of ints >= 1, got %r"
-                              % (batch_sizes,))
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(batch_sizes):
-            raise ConfigError("rank must be an int in [0, %d), got %r" % (len(batch_sizes), rank))
-        self.batch_sizes = list(batch_sizes)
-        self.rank = rank
-        self.num_ranks = len(self.batch_sizes)
-        self.global_batch_size = sum(self.batch_sizes)
-        self.current_step = 0
-
-    def issue(self, step: int, total: int, record: bool = True) -> List[int]:
-        if total == self.global_batch_size:
-            return list(self.batch_sizes)
-        return apportion(self.batch_sizes, total)
 
 
 class HeterogeneousBatchSampler(Sampler):
@@ -77,7 +51,8 @@ class HeterogeneousBatchSampler(Sampler):
 
     Args:
         num_samples: the dataset's length, N.
-        schedule: the :class:`~omnihvd.OmniLearnCallback` (or a :class:`StaticSchedule`).
+        schedule: a :class:`~omnihvd.schedule.BatchSchedule`: the
+            :class:`~omnihvd.OmniLearnCallback` (or a :class:`StaticSchedule`).
         seed: shuffling seed; must be the same on every rank.
         shuffle: permute each epoch (``seed + epoch``); False keeps dataset order.
         drop_last: policy for the last partial global batch (module docstring).
@@ -101,10 +76,11 @@ class HeterogeneousBatchSampler(Sampler):
 
     def __init__(self, num_samples: int, schedule, *, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, train: Optional[bool] = None):
-        for name in ("rank", "num_ranks", "global_batch_size", "current_step", "issue"):
-            if not hasattr(schedule, name):
-                raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
-                                  % (name, type(schedule).__name__))
+        if not isinstance(schedule, BatchSchedule):
+            missing = [name for name in ("rank", "num_ranks", "global_batch_size", "current_step",
+                                         "issue") if not hasattr(schedule, name)]
+            raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
+                              % (", ".join(missing), type(schedule).__name__))
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ConfigError("num_samples must be a positive int (len(dataset)), got %r"
                               % (num_samples,))

@@ -3,14 +3,15 @@
 Rehearse a cluster before spending allocation hours on it: each simulated rank i
 takes ``a_i + b_i / x_i`` seconds of local compute per step (a fixed cost plus its
 batch over its throughput), times a random factor (timing noise); a step lasts as
-long as the slowest rank plus a ring allreduce. Batch sizes are chosen by the same
-code a real run uses -- :class:`omnihvd.controller.Controller` (policies, gain, dead
-band, bounds, integer apportioning) fed by :func:`omnihvd.timing.robust_step_time`
--- on the callback's cadence: every ``adjust_every`` steps each rank summarises its
-local times since the previous gather (dropping ``settle_steps`` after a change),
-the summaries are allgathered (non-blocking), every rank calls ``decide`` and the
-new sizes take effect ``latency_steps`` steps later. Ranks are numpy vectors, so
-10,000 ranks run in seconds; the controller's own cost is what is left.
+long as the slowest rank plus a ring allreduce. Batch sizes are chosen by the code a
+real run uses: :class:`omnihvd.cadence.Cadence` (the window, settle steps, the
+estimator of :mod:`omnihvd.timing` with its standard errors, when to gather, the
+noise gate, when a change takes effect) around :class:`omnihvd.controller.Controller`
+(policies, gain, dead band, bounds, integer apportioning). Every ``adjust_every``
+steps the window closes, the summaries are "gathered" and the decision takes effect
+``1 + latency_steps`` steps later (``latency_steps``: the look-ahead of a prefetching
+DataLoader, 0 without one). Ranks are numpy vectors, so 10,000 ranks run in
+seconds; the controller's own cost is what is left.
 
 Speed profiles (relative speed 1.0 = a 12-core worker of the paper):
 
@@ -41,11 +42,13 @@ from typing import List, Optional
 
 import numpy as np
 
-from .controller import POLICIES, Controller, TimeModel, apportion, resolve_bounds, solve_time_model
+from .cadence import Cadence, check_cadence, close_window
+from .controller import (POLICIES, Controller, TimeModel, apportion, initial_split, resolve_bounds,
+                         solve_time_model)
 from .errors import ConfigError
 from .levels import DYNAMIC_LEVELS, LEVEL_CORES, level_speeds
 from .metrics import ideal_step_time, split_time
-from .timing import SUMMARIES, robust_step_time
+from .timing import DEFAULT_SUMMARY, SUMMARIES
 
 __all__ = [
     "HL_LEVELS",
@@ -70,7 +73,6 @@ PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
 
 # Float64 fields each rank contributes to the callback's timing allgather.
 from .callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
-WINDOWS = ("adjustment", "change")
 
 
 @dataclass
@@ -119,14 +121,11 @@ class Control:
         deadband, gain, min_batch_size, max_batch_size, history: as in :class:`Controller`.
         adjust_every: steps between decisions.
         settle_steps: samples dropped after each size change.
-        timing: ``"median"`` or ``"mean"`` (see :func:`robust_step_time`).
-        latency_steps: steps between the gather and the first step of the new sizes
-            (1: the non-blocking allgather overlaps one training step; more with a
-            prefetching DataLoader).
-        window: which samples a summary covers: ``"adjustment"`` (those since the
-            previous gather, as :class:`omnihvd.OmniLearnCallback` does) or ``"change"``
-            (all since the last size change, as it did before; kept for comparison:
-            in a phase where the sizes hold, that window grows and reacts late).
+        timing: ``"sustained"``, ``"median"`` or ``"mean"`` (see
+            :func:`omnihvd.timing.robust_step_time`).
+        latency_steps: steps a prefetching DataLoader has handed out beyond the one
+            that gathers (0: the new sizes start at the next step, as in a run whose
+            loader does not prefetch).
     """
 
     policy: str = "affine"
@@ -134,29 +133,18 @@ class Control:
     gain: float = 1.0
     adjust_every: int = 20
     settle_steps: int = 1
-    timing: str = "median"
-    latency_steps: int = 1
+    timing: str = DEFAULT_SUMMARY
+    latency_steps: int = 0
     min_batch_size: object = 1
     max_batch_size: object = None
     history: int = 8
-    window: str = "adjustment"
 
     def check(self):
         if self.policy not in POLICIES:
             raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), self.policy))
-        if self.window not in WINDOWS:
-            raise ConfigError("window must be one of %s, got %r" % (", ".join(WINDOWS), self.window))
         if self.timing not in SUMMARIES:
             raise ConfigError("timing must be one of %s, got %r" % (", ".join(SUMMARIES), self.timing))
-        for name in ("adjust_every", "settle_steps", "latency_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError("%s must be an integer >= 0, got %r" % (name, value))
-        if self.adjust_every <= self.latency_steps + self.settle_steps:
-            raise ConfigError(
-                "adjust_every (%d) must exceed latency_steps + settle_steps (%d), or no sample "
-                "is ever measured at the new sizes; raise adjust_every"
-                % (self.adjust_every, self.latency_steps + self.settle_steps))
+        check_cadence(self.adjust_every, self.settle_steps, self.latency_steps)
 
 
 def reference_control(steps_per_epoch: int = 100) -> Control:
@@ -486,13 +474,9 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
     lo, hi = resolve_bounds(n, B, control.min_batch_size, control.max_batch_size)
     ctl = Controller(n, B, policy=control.policy, gain=control.gain, deadband=control.deadband,
                      min_batch_size=lo, max_batch_size=hi, history=control.history)
-    if initial_batch_sizes is None:
-        sizes = np.asarray(apportion(np.ones(n), B, lo, hi), dtype=np.int64)
-    else:
-        sizes = np.asarray(initial_batch_sizes, dtype=np.int64)
-        if sizes.shape != (n,) or int(sizes.sum()) != B or np.any(sizes < lo) or np.any(sizes > hi):
-            raise ConfigError("initial_batch_sizes must have %d entries within the bounds summing "
-                              "to %d, got %r" % (n, B, list(initial_batch_sizes)))
+    sizes = np.asarray(initial_split(n, B, lo, hi, initial_batch_sizes), dtype=np.int64)
+    cadence = Cadence(ctl, adjust_every=control.adjust_every, settle_steps=control.settle_steps,
+                      timing=control.timing)
     equal = np.asarray(apportion(np.ones(n), B, lo, hi), dtype=np.float64)
 
     # Representative ranks: the first of each distinct base speed, then the others.
@@ -508,16 +492,12 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
     change_steps = profile.change_steps
     best_balance = []
     decisions = []
-    window = []               # local times to summarise next, settle steps dropped
-    skip = control.settle_steps
-    pending = None            # (effective_step, sizes)
 
     for t, speed in enumerate(profile.stream(steps)):
+        pending = cadence.pending(t)
         if pending is not None and pending[0] == t:
-            if not np.array_equal(pending[1], sizes):
-                sizes = pending[1]
-                window, skip = [], control.settle_steps
-            pending = None
+            sizes = np.asarray(pending[1], dtype=np.int64)
+        cadence.begin_step(sizes)
         x = cluster.throughput * speed
         a = cluster.overhead / speed
         nominal = a + sizes / x
@@ -533,26 +513,20 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
         if change_steps is not None and t in change_steps:
             best = solve_time_model(TimeModel(a, 1.0 / x), B, min_batch_size=lo, max_batch_size=hi)
             best_balance.append(ideal / float(split_time(best, x, a)))
-        if skip > 0:
-            skip -= 1
-        else:
-            window.append(local)
-        if (t + 1) % control.adjust_every == 0 and pending is None and window:
-            summary = robust_step_time(np.stack(window), control.timing, axis=0)
+        cadence.record(local)
+        if cadence.gathers_at(t):
+            measured = close_window(cadence.window)
             start, cpu = time.perf_counter(), time.thread_time()
-            new = ctl.decide(sizes, summary)
+            decision = cadence.decide(t, sizes, measured.time, measured.error, measured.count,
+                                      lookahead=control.latency_steps)
             seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
-            new = np.asarray(new, dtype=np.int64)
-            changed = not np.array_equal(new, sizes)
-            effective = t + 1 + control.latency_steps
-            decisions.append({"step": t, "effective_step": effective, "changed": changed,
-                              "seconds": seconds, "cpu_seconds": cpu})
-            if changed:
-                pending = (effective, new)
-            if control.window == "adjustment":
-                window = []
+            if decision.skipped is None:
+                decisions.append({"step": t, "effective_step": decision.effective_step,
+                                  "changed": decision.changed, "seconds": seconds,
+                                  "cpu_seconds": cpu})
+    pending = cadence.pending(steps)
     if pending is not None:  # decided, not yet applied: the sizes the run goes on with
-        sizes = pending[1]
+        sizes = np.asarray(pending[1], dtype=np.int64)
     return SimulationResult(
         ranks=n, global_batch_size=B, profile=profile.name, cluster=asdict(cluster),
         control={k: (v.tolist() if isinstance(v, np.ndarray) else v)
@@ -653,10 +627,8 @@ def configure_parser(parser):
     c.add_argument("--settle-steps", type=int, default=co.settle_steps)
     c.add_argument("--timing", choices=SUMMARIES, default=co.timing)
     c.add_argument("--latency-steps", type=int, default=co.latency_steps,
-                   help="steps from the gather to the new sizes (default 1)")
-    c.add_argument("--window", choices=WINDOWS, default=co.window,
-                   help="samples per summary: since the previous gather (the callback's "
-                        "behaviour) or all since the last size change")
+                   help="look-ahead of a prefetching loader: steps beyond the next one "
+                        "before new sizes start (default 0)")
     c.add_argument("--min-batch-size", type=int, default=1)
     c.add_argument("--max-batch-size", type=int, default=None)
     c.add_argument("--reference", action="store_true",
@@ -680,7 +652,7 @@ def run(args) -> int:
                       bandwidth=args.bandwidth, latency=args.latency)
     ours = Control(policy=args.policy, deadband=args.deadband, gain=args.gain,
                    adjust_every=args.adjust_every, settle_steps=args.settle_steps,
-                   timing=args.timing, latency_steps=args.latency_steps, window=args.window,
+                   timing=args.timing, latency_steps=args.latency_steps,
                    min_batch_size=args.min_batch_size, max_batch_size=args.max_batch_size)
     ref = reference_control(args.steps_per_epoch)
     ref.min_batch_size, ref.max_batch_size = args.min_batch_size, args.max_batch_size

@@ -7,80 +7,205 @@ forward and backward. With Horovod that point is the entry to ``optimizer.step()
 whose ``synchronize()`` blocks until every rank's gradients are reduced (the
 allreduces themselves started asynchronously during backward).
 
-The timer here knows nothing of torch: the callback calls :meth:`StepTimer.start`,
-:meth:`StepTimer.mark_wait` and :meth:`StepTimer.stop`. :class:`TimingWindow` and
-:func:`robust_step_time` turn a window of per-step samples into one robust figure
-(median by default), dropping steps right after a size change and garbage
-(NaN, negative, zero), so a single GC pause cannot move the batch sizes.
+Four things make the local time what the rank really costs (docs/timing.rst):
+
+* **Device work.** On a GPU the host returns from ``backward()`` once the kernels are
+  queued. :class:`StepTimer` takes an injected ``device_sync`` callable (the model's
+  *compute* stream's ``synchronize``, see :mod:`omnihvd.device`) and calls it at the
+  wait boundary, so the time ends when the device has finished this rank's work --
+  and not later: the communication stream, where the wait for peers happens, is not
+  synchronised. This module never imports torch.
+* **Data loading.** :class:`TimedIterable` times each ``next()`` of a loader and adds
+  it to the step it feeds (:meth:`StepTimer.add`); the first ``next()`` of an
+  iteration, which starts the loader's workers, is not charged.
+* **CPU quotas.** A rank that idles while it waits for peers refills its CFS quota
+  and measures its unthrottled speed at small batches. With ``cpu_cores`` set (the
+  quota, :mod:`omnihvd.cgroup`), a step lasts at least its CPU time over the quota.
+* **Bursty CPU.** Under a CFS quota (``docker --cpus``, Kubernetes limits) a rank runs
+  at full speed, then stalls until the next quota period. The window summary
+  ``"sustained"`` (default) is the mean local time with only the rarest samples
+  clipped (:func:`sustained_step_time`): it follows the sustained rate, where a
+  median picks the unthrottled steps, and still ignores a rare GC pause.
+
+:class:`TimingWindow` holds the samples between two gathers, dropping steps right
+after a size change and garbage (NaN, negative, zero).
 """
 import math
 import time
-from typing import Callable, List, Optional
+import warnings
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["StepTimer", "TimingWindow", "robust_step_time", "SUMMARIES"]
+__all__ = ["StepTimer", "TimedIterable", "TimingWindow", "robust_step_time",
+           "sustained_step_time", "SUMMARIES", "DEFAULT_SUMMARY", "RARE_FRACTION"]
 
-SUMMARIES = ("median", "mean")
+SUMMARIES = ("sustained", "median", "mean")
+DEFAULT_SUMMARY = "sustained"
+# Share of a window's slowest samples that "sustained" treats as rare pauses (GC, a
+# slow read) and clips. Stalls more frequent than this are the rank's real rate.
+RARE_FRACTION = 0.1
 
 
-def robust_step_time(samples, method: str = "median", axis: Optional[int] = None):
+def _check_method(method):
+    if method not in SUMMARIES:
+        raise ConfigError("timing summary must be one of %s, got %r" % (SUMMARIES, method))
+
+
+def _valid(samples) -> np.ndarray:
+    arr = np.asarray(samples, dtype=np.float64)
+    return np.where(np.isfinite(arr) & (arr > 0), arr, np.nan)
+
+
+def _clip_rare(valid: np.ndarray, axis: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Winsorise the rare slowest samples along ``axis``: each lane's ``k = ceil(0.1 n)``
+    largest valid values are lowered to the next largest (no clipping below 3 samples).
+    Returns the clipped array (NaN kept) and each lane's count n."""
+    x = np.moveaxis(valid, axis, -1)
+    n = np.sum(np.isfinite(x), axis=-1)
+    k = np.where(n >= 3, np.ceil(RARE_FRACTION * n).astype(np.int64), 0)
+    ordered = np.sort(x, axis=-1)  # NaN sorts last
+    index = np.clip(n - 1 - k, 0, None)[..., None]
+    cap = np.take_along_axis(ordered, index, axis=-1)
+    with np.errstate(invalid="ignore"):
+        clipped = np.where(np.isnan(x), np.nan, np.minimum(x, cap))
+    return np.moveaxis(clipped, -1, axis), n
+
+
+def sustained_step_time(samples, axis: Optional[int] = None):
+    """Mean local step time with rare pauses clipped, and its standard error.
+
+    The mean is the sustained rate (a window's total local time over its steps), so
+    a rank that runs at full speed and then stalls, as under a CFS quota, is charged
+    for its stalls. Only the slowest ``ceil(10%)`` of the samples (with 3 or more) are
+    winsorised to the next slowest value, so a stall that happens once (GC, a slow
+    read) moves nothing, while stalls that recur in more than a tenth of the steps
+    remain part of the estimate.
+
+    Args:
+        samples: seconds, 1-d, or n-d with ``axis`` (e.g. a ``(steps, ranks)``
+            array with ``axis=0``); entries that are not finite and positive are
+            ignored.
+        axis: the axis of steps (None: flatten).
+
+    Returns:
+        ``(time, standard_error)``: floats (or arrays over the other axes). The
+        error is the winsorised spread over ``sqrt(n)``: 0.0 with fewer than 3
+        samples (too few to judge noise); both are NaN with no valid sample.
+
+    >>> t, e = sustained_step_time([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 30.0])
+    >>> round(t, 6)                  # one GC pause in ten steps: ignored
+    1.0
+    >>> t, e = sustained_step_time([2.0, 2.0, 9.0] * 4)   # a stall every third step
+    >>> round(t, 6)                  # the sustained rate, where the median says 2.0
+    4.333333
+    """
+    arr = np.asarray(samples, dtype=np.float64)
+    if axis is None or arr.ndim == 1:
+        return _sustained_1d(arr.ravel().tolist())
+    valid = _valid(arr)
+    if valid.size == 0:
+        return float("nan"), float("nan")
+    clipped, n = _clip_rare(valid, axis)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN lanes -> NaN
+        mean = np.nanmean(clipped, axis=axis)
+        spread = np.nanstd(clipped, axis=axis, ddof=1)
+        error = np.where(n >= 3, spread / np.sqrt(np.maximum(n, 1)), np.where(n > 0, 0.0, np.nan))
+    if np.ndim(mean) == 0:
+        return float(mean), float(error)
+    return mean, error
+
+
+def _sustained_1d(values):
+    """:func:`sustained_step_time` of one rank's samples, in plain Python: a window
+    holds some twenty numbers, where numpy's per-call overhead would dominate."""
+    vals = sorted(v for v in values if v > 0 and math.isfinite(v))
+    n = len(vals)
+    if n == 0:
+        return float("nan"), float("nan")
+    if n < 3:
+        return math.fsum(vals) / n, 0.0
+    k = int(math.ceil(RARE_FRACTION * n))
+    cap = vals[n - 1 - k]
+    vals[n - k:] = [cap] * k
+    mean = math.fsum(vals) / n
+    spread = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
+    return mean, spread / math.sqrt(n)
+
+
+def robust_step_time(samples, method: str = DEFAULT_SUMMARY, axis: Optional[int] = None):
     """Summarise step-time samples, ignoring entries that are not finite and positive.
 
     Args:
         samples: array-like of seconds (1-d, or n-d with ``axis``).
-        method: ``"median"`` (robust: one outlier in three or more samples cannot
-            move it) or ``"mean"`` (the reference implementation's raw average).
+        method: ``"sustained"`` (default; :func:`sustained_step_time`), ``"median"``
+            (one outlier in three or more samples cannot move it, nor can a stall in
+            every other step) or ``"mean"`` (the reference implementation's raw average).
         axis: reduce along this axis (e.g. ``axis=0`` for a (steps, ranks) array).
 
     Returns:
         float (or array along the other axes); NaN where no valid sample exists.
 
-    >>> robust_step_time([0.1, 0.1, 10.0, float("nan"), -1.0])
+    >>> robust_step_time([0.1, 0.1, 10.0, float("nan"), -1.0], "median")
     0.1
     >>> robust_step_time([0.1, 0.3], method="mean")
     0.2
     """
-    if method not in SUMMARIES:
-        raise ConfigError("timing summary must be one of %s, got %r" % (SUMMARIES, method))
-    arr = np.asarray(samples, dtype=np.float64)
-    valid = np.where(np.isfinite(arr) & (arr > 0), arr, np.nan)
+    _check_method(method)
+    if method == "sustained":
+        return sustained_step_time(samples, axis)[0]
+    valid = _valid(samples)
     if valid.size == 0:
         return float("nan")
     reduce = np.nanmedian if method == "median" else np.nanmean
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN
-            out = reduce(valid, axis=axis)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN
+        out = reduce(valid, axis=axis)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def _standard_error(valid: np.ndarray, method: str, axis: int):
+    """Standard error of ``method``'s summary along ``axis`` (NaN-aware)."""
+    if method == "sustained":
+        return sustained_step_time(valid, axis)[1]
+    n = np.sum(np.isfinite(valid), axis=axis)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        centre = np.nanmedian(valid, axis=axis)
+        mad = np.nanmedian(np.abs(valid - np.expand_dims(centre, axis)), axis=axis)
+    factor = 1.2533 if method == "median" else 1.0  # efficiency of the median
+    error = factor * 1.4826 * mad / np.sqrt(np.maximum(n, 1))
+    return np.where(n >= 3, error, np.where(n > 0, 0.0, np.nan))
 
 
 class TimingWindow:
     """Per-step samples since the last reset, with settle steps dropped.
+
+    One window per rank (scalar samples), or one for many simulated ranks at once
+    (each sample a vector with one entry per rank; invalid entries count as
+    missing for that rank only).
 
     Args:
         settle_steps: samples to discard after each :meth:`reset` (the first steps
             at a new batch size pay for allocator growth, autotuning, cache misses).
         method: summary, see :func:`robust_step_time`.
 
-    >>> w = TimingWindow(settle_steps=1)
+    >>> w = TimingWindow(settle_steps=1, method="median")
     >>> for s in [5.0, 0.2, 0.21, 20.0, 0.19]: _ = w.add(s)
     >>> len(w), round(w.summary(), 6)
     (4, 0.205)
     """
 
-    def __init__(self, settle_steps: int = 1, method: str = "median"):
+    def __init__(self, settle_steps: int = 1, method: str = DEFAULT_SUMMARY):
         if isinstance(settle_steps, bool) or not isinstance(settle_steps, int) or settle_steps < 0:
             raise ConfigError("settle_steps must be an int >= 0, got %r" % (settle_steps,))
-        if method not in SUMMARIES:
-            raise ConfigError("timing summary must be one of %s, got %r" % (SUMMARIES, method))
+        _check_method(method)
         self.settle_steps = settle_steps
         self.method = method
-        self._samples: List[float] = []
+        self._samples: List = []
         self._skip = settle_steps
 
     def reset(self, settle: bool = True):
@@ -89,10 +214,15 @@ class TimingWindow:
         self._skip = self.settle_steps if settle else 0
 
     def add(self, seconds) -> bool:
-        """Offer one step's local time; returns whether it was kept."""
+        """Offer one step's local time (a number, or a vector of one per lane);
+        returns whether anything was kept."""
         if self._skip > 0:
             self._skip -= 1
             return False
+        if np.ndim(seconds) > 0:
+            row = _valid(seconds)
+            self._samples.append(row)
+            return bool(np.isfinite(row).any())
         try:
             seconds = float(seconds)
         except (TypeError, ValueError):
@@ -102,43 +232,75 @@ class TimingWindow:
         self._samples.append(seconds)
         return True
 
-    def summary(self) -> float:
+    def _array(self) -> np.ndarray:
+        return np.asarray(self._samples, dtype=np.float64)
+
+    def summary(self):
         """The robust step time of the window; NaN when it holds no sample."""
-        return robust_step_time(self._samples, self.method) if self._samples else float("nan")
+        if not self._samples:
+            return float("nan")
+        return robust_step_time(self._array(), self.method, axis=0)
 
-    def standard_error(self) -> float:
-        """Standard error of :meth:`summary` from the window's spread (robust: MAD).
+    def standard_error(self):
+        """Standard error of :meth:`summary` from the window's spread.
 
-        0.0 with fewer than 3 samples (too few to judge noise), NaN with none.
+        ``"sustained"``: the winsorised standard deviation over sqrt(n);
+        ``"median"``/``"mean"``: the robust (MAD) spread. 0.0 with fewer than 3
+        samples (too few to judge noise), NaN with none.
 
-        >>> w = TimingWindow(settle_steps=0)
+        >>> w = TimingWindow(settle_steps=0, method="median")
         >>> for s in [1.0, 1.1, 0.9, 1.0]: _ = w.add(s)
         >>> round(w.standard_error(), 4)
         0.0465
         """
-        n = len(self._samples)
-        if n == 0:
+        if not self._samples:
             return float("nan")
-        if n < 3:
-            return 0.0
-        x = np.asarray(self._samples)
-        sigma = 1.4826 * float(np.median(np.abs(x - np.median(x))))
-        factor = 1.2533 if self.method == "median" else 1.0  # efficiency of the median
-        return factor * sigma / math.sqrt(n)
+        out = _standard_error(_valid(self._array()), self.method, 0)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def measure(self):
+        """``(summary, standard_error, counts)`` in one pass (what a rank gathers)."""
+        if self.method == "sustained" and self._samples:
+            arr = self._array()
+            time_, error = sustained_step_time(arr, axis=0)
+            return time_, error, self.counts()
+        return self.summary(), self.standard_error(), self.counts()
+
+    def counts(self):
+        """Valid samples held: an int, or one per lane for vector samples."""
+        if not self._samples:
+            return 0
+        if not isinstance(self._samples[0], np.ndarray):
+            return len(self._samples)  # scalar samples are kept only when valid
+        return np.sum(np.isfinite(self._array()), axis=0)
 
     def __len__(self):
         return len(self._samples)
 
 
 class StepTimer:
-    """Wall-clock time of one rank's local work in each step.
+    """Time of one rank's local work in each step: device work and CPU quota included.
 
     ``start()`` at the beginning of the step's own work, ``mark_wait()`` where the
     rank begins waiting for others (the first call in a step counts, later ones are
     ignored: Horovod's optimizer may enter ``step()`` hooks more than once), and
     ``stop()`` at the end, which returns the local time, or None when the step was not
     started. If ``mark_wait()`` never came (a loop that does not call ``step()``), the
-    whole interval counts.
+    whole interval counts. :meth:`add` charges work done before ``start()`` (the
+    loader's ``next()``) to the step that follows.
+
+    Args:
+        clock: wall seconds, monotonic (default ``time.perf_counter``).
+        device_sync: None (CPU), or a callable that returns once the device has run
+            everything this rank queued on its compute stream (see
+            :func:`omnihvd.device.device_synchronizer`). ``mark_wait`` calls it, so
+            the local time is the larger of host time and device time.
+        cpu_cores: None, or the CPU cores the process may use under a CFS quota
+            (:func:`omnihvd.cgroup.cpu_quota_cores`; settable at any time). The step
+            then lasts at least its CPU time over ``cpu_cores``: what it costs when
+            the rank works without idle pauses to refill its quota, as at balance.
+        cpu_clock: the process's CPU seconds (default ``time.process_time``), read
+            only while ``cpu_cores`` is set.
 
     >>> clock = iter([0.0, 0.3, 0.9]).__next__
     >>> t = StepTimer(clock)
@@ -146,16 +308,31 @@ class StepTimer:
     0.3
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 device_sync: Optional[Callable[[], None]] = None,
+                 cpu_cores: Optional[float] = None,
+                 cpu_clock: Callable[[], float] = time.process_time):
+        if device_sync is not None and not callable(device_sync):
+            raise ConfigError("device_sync must be None or a callable, got %r" % (device_sync,))
         self._clock = clock
+        self._cpu_clock = cpu_clock
+        self.device_sync = device_sync
+        self.cpu_cores = cpu_cores
         self._begin: Optional[float] = None
         self._wait: Optional[float] = None
-        self._excluded = 0.0
+        self._cpu: Optional[float] = None   # CPU clock at start, then CPU seconds at the mark
+        self._cpu_marked = False
+        self._extra = 0.0      # work before start() charged to this step (data loading)
+        self._excluded = 0.0   # waiting inside the step, left out
+        self.host_seconds: Optional[float] = None  # the last step's host-side time
 
-    def start(self, at: Optional[float] = None):
-        self._begin = self._clock() if at is None else at
-        self._wait = None
-        self._excluded = 0.0
+    def add(self, seconds: float):
+        """Charge ``seconds`` of this rank's work (e.g. data loading) to the next step."""
+        self._extra += seconds
+
+    def discard_extra(self):
+        """Forget work charged by :meth:`add` that no step has taken yet."""
+        self._extra = 0.0
 
     def exclude(self, seconds: float):
         """Leave ``seconds`` out of the current step's local time: time spent inside
@@ -169,9 +346,24 @@ class StepTimer:
         if self._begin is not None and self._wait is None:
             self._excluded += float(seconds)
 
+    def start(self, at: Optional[float] = None):
+        self._begin = self._clock() if at is None else at
+        self._wait = None
+        self._excluded = 0.0
+        self.host_seconds = None
+        self._cpu = self._cpu_clock() if self.cpu_cores else None
+        self._cpu_marked = False
+
     def mark_wait(self):
         if self._begin is not None and self._wait is None:
-            self._wait = self._clock()
+            now = self._clock()
+            if self._cpu is not None:  # before the device sync, which may spin
+                self._cpu, self._cpu_marked = self._cpu_clock() - self._cpu, True
+            self.host_seconds = now - self._begin
+            if self.device_sync is not None:
+                self.device_sync()  # the compute stream only: not the wait for peers
+                now = self._clock()
+            self._wait = now
 
     @property
     def running(self) -> bool:
@@ -182,11 +374,76 @@ class StepTimer:
         """Whether the current step's wait point was already marked."""
         return self._wait is not None
 
-    def stop(self) -> Optional[float]:
+    def local(self) -> Optional[float]:
+        """The running step's local time so far: up to the mark once marked."""
         if self._begin is None:
             return None
         end = self._wait if self._wait is not None else self._clock()
-        local = end - self._begin - self._excluded
-        self._begin = self._wait = None
-        self._excluded = 0.0
+        seconds = end - self._begin - self._excluded
+        if self._cpu is not None and self.cpu_cores:
+            cpu = self._cpu if self._cpu_marked else self._cpu_clock() - self._cpu
+            seconds = max(seconds, cpu / self.cpu_cores)
+        return seconds + self._extra
+
+    def stop(self) -> Optional[float]:
+        local = self.local()
+        if local is not None:
+            self._begin = self._wait = self._cpu = None
+            self._extra = self._excluded = 0.0
         return local
+
+
+class TimedIterable:
+    """An iterable (a DataLoader) whose every ``next()`` is charged to ``charge``.
+
+    The first ``next()`` of each iteration is not charged: it creates the loader's
+    iterator and worker processes and fills their prefetch queues, a one-off cost
+    per epoch rather than a per-step rate. Time between steps that is not a
+    ``next()`` (evaluation, checkpoints, logging on rank 0) is never charged.
+
+    Args:
+        iterable: what to iterate (``len()`` is passed through).
+        charge: called with the seconds each ``next()`` took.
+        restart: called when a new iteration begins (drops charges of an iteration
+            left early, e.g. by ``break``).
+        clock: seconds (default ``time.perf_counter``).
+
+    >>> seen = []
+    >>> clock = iter([0.0, 1.0, 1.0, 1.5, 2.0, 2.25, 3.0]).__next__
+    >>> data = TimedIterable([10, 20, 30], seen.append, clock=clock)
+    >>> list(data), seen
+    ([10, 20, 30], [0.5, 0.25])
+    """
+
+    def __init__(self, iterable: Iterable, charge: Callable[[float], None],
+                 restart: Optional[Callable[[], None]] = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.iterable = iterable
+        self._charge = charge
+        self._restart = restart
+        self._clock = clock
+
+    def __len__(self):
+        return len(self.iterable)
+
+    def __getattr__(self, name):  # sampler, dataset, batch_size ... of the loader
+        if name == "iterable":
+            raise AttributeError(name)
+        return getattr(self.iterable, name)
+
+    def __iter__(self):
+        if self._restart is not None:
+            self._restart()
+        it = iter(self.iterable)
+        first = True
+        while True:
+            begin = self._clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            elapsed = self._clock() - begin
+            if not first:
+                self._charge(elapsed)
+            first = False
+            yield item

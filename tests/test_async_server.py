@@ -234,7 +234,7 @@ def test_balancing_equalises_update_rates_and_staleness(policy):
 def test_balancer_options_and_frozen_state():
     with pytest.raises(ConfigError, match="adjust_every must be an int >= 1"):
         IntervalBalancer(2, 10, adjust_every=0)
-    with pytest.raises(ConfigError, match="initial_batch_sizes \\[3, 3\\] must .* sum to "
+    with pytest.raises(ConfigError, match="initial_batch_sizes \\[3, 3\\] sum to 6, not "
                                           "global_batch_size 10"):
         IntervalBalancer(2, 10, initial_batch_sizes=[3, 3])
     with pytest.raises(ConfigError, match="policy must be one of"):

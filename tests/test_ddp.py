@@ -87,7 +87,7 @@ def test_a_step_without_allreduce_is_not_timed(world_of_one):
     with model.no_sync():
         model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
     cb.on_batch_end()
-    assert len(cb._window) == 0  # dropped: no boundary was seen
+    assert len(cb.cadence.window) == 0  # dropped: no boundary was seen
     cb.on_train_end()
 
 

@@ -63,14 +63,19 @@ def test_better_than_equal_split_and_noise_free_efficiency_bounded_by_one():
 
 
 def test_decision_cadence_matches_the_callback():
-    """Gather after every adjust_every steps; new sizes one step later."""
+    """The window closes at every adjust_every-th step, whose gather completes in the
+    same step: the new sizes start at the next step (later by a loader's look-ahead)."""
     res = simulate(Cluster(ranks=4), "hl8", global_batch_size=64, steps=100,
                    control=Control(adjust_every=10))
     assert [d["step"] for d in res.decisions] == list(range(9, 100, 10))
     first = res.decisions[0]
-    assert first["changed"] and first["effective_step"] == 11
-    assert res.tracked_sizes[10].tolist() == [16, 16, 16, 16]
-    assert res.tracked_sizes[11].tolist() != [16, 16, 16, 16]
+    assert first["changed"] and first["effective_step"] == 10
+    assert res.tracked_sizes[9].tolist() == [16, 16, 16, 16]
+    assert res.tracked_sizes[10].tolist() != [16, 16, 16, 16]
+    ahead = simulate(Cluster(ranks=4), "hl8", global_batch_size=64, steps=100,
+                     control=Control(adjust_every=10, latency_steps=3))
+    assert ahead.decisions[0]["effective_step"] == 13
+    assert ahead.tracked_sizes[12].tolist() == [16, 16, 16, 16] != ahead.tracked_sizes[13].tolist()
 
 
 def test_reference_policy_adjusts_once_per_epoch():
@@ -102,7 +107,7 @@ def test_bad_input_is_rejected_with_a_clear_message():
         simulate(Cluster(ranks=0), "hl1", global_batch_size=8, steps=10)
     with pytest.raises(ConfigError, match="adjust_every"):
         simulate(Cluster(ranks=2), "hl1", global_batch_size=8, steps=10,
-                 control=Control(adjust_every=2))
+                 control=Control(adjust_every=1))
     with pytest.raises(ConfigError, match="profile"):
         simulate(Cluster(ranks=2), "fast", global_batch_size=8, steps=10)
     with pytest.raises(ValueError, match="min_batch_size"):

@@ -9,8 +9,9 @@ proportional to its speed makes every interval the same, so every worker pushes 
 same rate and staleness settles at ``workers - 1`` for everyone.
 
 That is the synchronous problem with "step time" replaced by "update interval", so
-the same :class:`omnihvd.controller.Controller` (same policies and options) decides;
-only the measurement differs. One balancer runs on server 0, which sees every push;
+the same :class:`omnihvd.cadence.Cadence` and :class:`omnihvd.controller.Controller`
+(same policies, options, estimator and noise gate) decide; only the measurement
+differs: one window per worker, since workers push at their own pace. One balancer runs on server 0, which sees every push;
 the decision reaches each worker in the reply to its next push.
 
 Also here: :func:`staleness_scale`, the optional staleness-aware learning rate.
@@ -18,9 +19,10 @@ Also here: :func:`staleness_scale`, the optional staleness-aware learning rate.
 import math
 from typing import List, Optional
 
-from ..controller import Controller, apportion
+from ..cadence import Cadence, close_window
+from ..controller import Controller, initial_split
 from ..errors import ConfigError
-from ..timing import TimingWindow
+from ..timing import DEFAULT_SUMMARY, TimingWindow
 
 __all__ = ["IntervalBalancer", "staleness_scale", "STALENESS_LR_MODES"]
 
@@ -66,7 +68,8 @@ class IntervalBalancer:
             ``num_workers`` updates (one per worker on average: as many gradients per
             decision as the synchronous callback's ``adjust_every`` steps).
         settle_steps: samples dropped per worker after each change of sizes.
-        timing: ``"median"`` or ``"mean"`` summary of each worker's intervals.
+        timing: summary of each worker's intervals (``"sustained"``, the default,
+            ``"median"`` or ``"mean"``: see :func:`omnihvd.timing.robust_step_time`).
         policy, gain, deadband, min_batch_size, max_batch_size, history: as for
             :class:`omnihvd.controller.Controller`.
 
@@ -85,7 +88,7 @@ class IntervalBalancer:
 
     def __init__(self, num_workers: int, global_batch_size: int, *, balance: bool = True,
                  initial_batch_sizes=None, adjust_every: int = 20, settle_steps: int = 1,
-                 timing: str = "median", policy: str = "affine", gain: float = 1.0,
+                 timing: str = DEFAULT_SUMMARY, policy: str = "affine", gain: float = 1.0,
                  deadband: float = 0.05, min_batch_size=1, max_batch_size=None, history: int = 8):
         self.controller = Controller(num_workers, global_batch_size, policy=policy, gain=gain,
                                      deadband=deadband, min_batch_size=min_batch_size,
@@ -97,20 +100,15 @@ class IntervalBalancer:
         self.global_batch_size = global_batch_size
         self.balance = bool(balance)
         self.adjust_every = adjust_every
-        if initial_batch_sizes is None:
-            sizes = apportion([1.0] * num_workers, global_batch_size, self.controller.lo,
-                              self.controller.hi)
-        else:
-            sizes = [int(v) for v in initial_batch_sizes]
-            if len(sizes) != num_workers or sum(sizes) != global_batch_size or any(
-                    not lo <= b <= hi for b, lo, hi in zip(sizes, self.controller.lo, self.controller.hi)):
-                raise ConfigError(
-                    "initial_batch_sizes %r must hold one size per worker (%d), sum to "
-                    "global_batch_size %d and respect min/max_batch_size"
-                    % (list(initial_batch_sizes), num_workers, global_batch_size))
-        self.sizes: List[int] = sizes
+        # One decision per adjust_every rounds of num_workers updates each.
+        self._cadence = Cadence(self.controller, adjust_every=adjust_every * num_workers,
+                                settle_steps=settle_steps, timing=timing)
+        self.sizes: List[int] = initial_split(num_workers, global_batch_size, self.controller.lo,
+                                              self.controller.hi, initial_batch_sizes,
+                                              member="worker")
         self._windows = [TimingWindow(settle_steps, timing) for _ in range(num_workers)]
-        self._updates = 0
+        self._updates = 0   # since the last decision
+        self._total = 0     # since the start: the cadence's step counter
         self._frozen = False
         self.history: List[dict] = []
 
@@ -130,19 +128,26 @@ class IntervalBalancer:
         decision in :attr:`history`.
         """
         self._updates += 1
+        self._total += 1
         if not self.balance or self._frozen:
             return False
-        if self._updates < self.adjust_every * self.num_workers:
+        if self._updates < self._cadence.adjust_every:
             return False
         if any(len(w) == 0 for w in self._windows):
             return False  # a slow worker has not reported at its current size yet
-        times = [w.summary() for w in self._windows]
-        new = self.controller.decide(self.sizes, times)
-        changed = new != self.sizes
+        # There is no collective to keep in step here, so the window closes when
+        # every worker has reported, and a change takes effect with the next replies.
+        measured = [close_window(w) for w in self._windows]
+        times = [m.time for m in measured]
+        decision = self._cadence.decide(self._total, self.sizes, times,
+                                        [m.error for m in measured], [m.count for m in measured])
+        changed = decision.changed
         self.history.append(dict(info, sizes=list(self.sizes), times=times,
-                                 new_sizes=list(new), changed=changed))
+                                 new_sizes=list(decision.new_sizes or self.sizes),
+                                 changed=changed))
         self._updates = 0
         for w in self._windows:
             w.reset(settle=changed)
-        self.sizes = list(new)
+        if changed:
+            self.sizes = list(decision.new_sizes)
         return changed

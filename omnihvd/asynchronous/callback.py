@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError, RankMismatchError
 from ..faults import fail_job
+from ..timing import DEFAULT_SUMMARY
 from .balance import IntervalBalancer, staleness_scale
 from .protocol import layout_fingerprint, shard_bounds
 from .server import ServerCore, serve
@@ -90,7 +91,7 @@ class AsyncOmniLearnCallback:
                  balance: bool = True, initial_batch_sizes=None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
-                 timing: str = "median", history: int = 8, momentum: float = 0.0,
+                 timing: str = DEFAULT_SUMMARY, history: int = 8, momentum: float = 0.0,
                  weight_decay: float = 0.0, staleness_lr: Optional[str] = None, comm=None,
                  idle_timeout: Optional[float] = 600.0,
                  abort_on_exception: Optional[bool] = None):

@@ -50,12 +50,13 @@ def step_time(batch_size):
 
 
 class InjectedTimer(StepTimer):
-    """A StepTimer whose stop() reports ``value`` (set before each step) instead of the clock."""
+    """A StepTimer whose local() (what the callback records) reports ``value`` (set
+    before each step) instead of the clock."""
 
     value = None
 
-    def stop(self):
-        measured = super().stop()
+    def local(self):
+        measured = super().local()
         return None if measured is None else self.value
 
 

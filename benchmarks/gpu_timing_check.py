@@ -1,0 +1,161 @@
+"""GPU check: omnihvd's local step time follows the device's work; host time does not.
+
+On one CUDA GPU, without Horovod: two workloads (square matmuls of two sizes, on the
+weights of a model that lives on the GPU) run as "steps". Each step is timed three
+ways from the same start:
+
+* CUDA events around the step's kernels (the device's own account: the reference);
+* omnihvd's StepTimer as the callback builds it: ``device_sync`` from
+  :func:`omnihvd.device.device_synchronizer` (the model's compute stream), marked
+  where ``opt.step()`` would be entered;
+* a host-only StepTimer (what omnihvd measured before: launch time).
+
+The check passes when the ratio of the two workloads' median times measured by
+omnihvd is within 10% of the ratio CUDA events measure, and the host-only ratio is
+not (or the workloads would not tell the timers apart). It also prints the cost of
+the stream synchronisation itself on an idle stream, per call.
+
+Usage::
+
+    python benchmarks/gpu_timing_check.py              # about 30 s on one GPU
+    python benchmarks/gpu_timing_check.py --sizes 1024 4096 --steps 40
+
+Exit status: 0 PASS, 1 FAIL, 2 no CUDA device (nothing was checked).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from omnihvd.timing import StepTimer  # noqa: E402
+
+TOLERANCE = 0.10
+TIMERS = ("cuda_events", "omnihvd", "host_only")
+
+
+def verdict(medians, tolerance=TOLERANCE):
+    """PASS/FAIL from per-workload median seconds.
+
+    Args:
+        medians: ``{workload: {"cuda_events": s, "omnihvd": s, "host_only": s}}``
+            with exactly two workloads, the smaller first.
+        tolerance: allowed relative difference of the ratios.
+
+    Returns:
+        ``(passed, rows, lines)``: rows of (timer, small, large, ratio, ratio vs
+        events) and the printable table with the verdict.
+
+    >>> ok, _, lines = verdict({"a": {"cuda_events": 1.0, "omnihvd": 1.1, "host_only": 0.1},
+    ...                        "b": {"cuda_events": 8.0, "omnihvd": 8.4, "host_only": 0.1}})
+    >>> ok, lines[-1]
+    (True, 'PASS: omnihvd ratio 7.64 is within 10% of the CUDA-event ratio 8.00; host-only 1.00 is not')
+    """
+    if len(medians) != 2:
+        raise ValueError("verdict needs exactly two workloads, got %d" % len(medians))
+    small, large = list(medians)
+    ratios = {t: medians[large][t] / medians[small][t] for t in TIMERS}
+    ref = ratios["cuda_events"]
+    rows = [(t, medians[small][t], medians[large][t], ratios[t], ratios[t] / ref - 1.0)
+            for t in TIMERS]
+    lines = ["%-12s %14s %14s %8s %12s" % ("timer", "%s ms" % small, "%s ms" % large, "ratio",
+                                            "vs events"),
+             "-" * 64]
+    lines += ["%-12s %14.3f %14.3f %8.2f %+11.1f%%" % (t, 1e3 * a, 1e3 * b, r, 100 * d)
+              for t, a, b, r, d in rows]
+    omni_ok = abs(ratios["omnihvd"] / ref - 1.0) <= tolerance
+    host_apart = abs(ratios["host_only"] / ref - 1.0) > tolerance
+    passed = omni_ok and host_apart
+    if passed:
+        lines.append("PASS: omnihvd ratio %.2f is within %d%% of the CUDA-event ratio %.2f; "
+                     "host-only %.2f is not" % (ratios["omnihvd"], 100 * tolerance, ref,
+                                                ratios["host_only"]))
+    elif not omni_ok:
+        lines.append("FAIL: omnihvd ratio %.2f is not within %d%% of the CUDA-event ratio %.2f"
+                     % (ratios["omnihvd"], 100 * tolerance, ref))
+    else:
+        lines.append("FAIL: the host-only ratio %.2f is also within %d%% of the CUDA-event ratio "
+                     "%.2f: these workloads cannot tell the timers apart (use larger --sizes)"
+                     % (ratios["host_only"], 100 * tolerance, ref))
+    return passed, rows, lines
+
+
+def measure(size, steps, warmup, repeats):
+    """Median seconds per step of each timer for one workload."""
+    import torch
+
+    from omnihvd.device import device_synchronizer
+
+    model = torch.nn.Linear(size, size, bias=False).cuda()
+    x = torch.randn(size, size, device="cuda")
+    omni = StepTimer(device_sync=device_synchronizer(model))
+    host = StepTimer()
+    samples = {t: [] for t in TIMERS}
+    for k in range(warmup + steps):
+        torch.cuda.synchronize()  # stands for the end of the previous step's allreduce
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = time.perf_counter()
+        host.start(at=start)
+        omni.start(at=start)
+        begin.record()
+        with torch.no_grad():
+            y = x
+            for _ in range(repeats):
+                y = model(y) * 1e-3  # forward "work"; keeps values finite
+        end.record()
+        host.mark_wait()             # where opt.step() would be entered
+        omni.mark_wait()
+        host_s, omni_s = host.stop(), omni.stop()
+        end.synchronize()
+        if k >= warmup:
+            samples["host_only"].append(host_s)
+            samples["omnihvd"].append(omni_s)
+            samples["cuda_events"].append(begin.elapsed_time(end) / 1e3)
+    return {t: statistics.median(v) for t, v in samples.items()}
+
+
+def sync_cost(calls=2000):
+    """Seconds per device_sync call on an idle stream (the floor of its cost)."""
+    import torch
+
+    from omnihvd.device import device_synchronizer
+
+    sync = device_synchronizer(torch.nn.Linear(4, 4).cuda())
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        sync()
+    return (time.perf_counter() - start) / calls
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs=2, default=[1024, 4096],
+                        help="matrix sizes of the two workloads (default 1024 4096)")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per workload")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=8, help="matmuls per step")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError as exc:
+        print("gpu_timing_check: torch cannot be imported (%s); nothing checked" % exc)
+        return 2
+    if not torch.cuda.is_available():
+        print("gpu_timing_check: no CUDA device is available here; this check needs one GPU "
+              "(nothing was checked)")
+        return 2
+    print("gpu_timing_check on %s, torch %s" % (torch.cuda.get_device_name(0), torch.__version__))
+    small, large = sorted(args.sizes)
+    medians = {"n=%d" % n: measure(n, args.steps, args.warmup, args.repeats)
+               for n in (small, large)}
+    passed, _, lines = verdict(medians)
+    print("\n".join(lines))
+    print("device_sync on an idle stream: %.1f us per call" % (1e6 * sync_cost()))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

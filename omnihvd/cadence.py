@@ -1,0 +1,195 @@
+"""The adjustment cadence, written once: window -> settle -> gather -> decide -> effect.
+
+Every place that decides batch sizes -- the synchronous callback, the asynchronous
+balancer on server 0, the simulator -- runs this rhythm:
+
+1. **window**: each rank offers its local time of every step to a
+   :class:`~omnihvd.timing.TimingWindow`; a change of sizes starts a new window
+   whose first ``settle_steps`` samples are dropped (:meth:`Cadence.begin_step`);
+2. **gather**: the step that ends every ``adjust_every``-th window
+   (:meth:`Cadence.gathers_at`) closes it (:func:`close_window`: time, standard
+   error, sample count, then an empty window) and the ranks exchange their
+   measurements. The synchronous callback posts the allgather at that step's wait
+   boundary (its local time is final there) and completes it at the same step's end;
+3. **decide**: every rank runs :meth:`Cadence.decide` on the same gathered numbers,
+   so every rank reaches the same verdict: nothing while a change is pending (its
+   samples would describe the old sizes), nothing when a rank has no valid sample,
+   otherwise the controller's decision with the noise gate (standard errors) for the
+   robust summaries;
+4. **effect**: new sizes start at ``step + 1 + lookahead``, the first step no rank
+   has handed out yet (``lookahead`` > 0 with a prefetching DataLoader).
+
+Pure Python and numpy: no torch, horovod or mpi4py.
+
+>>> from omnihvd.controller import Controller
+>>> cad = Cadence(Controller(2, 60, policy="proportional"), adjust_every=4, settle_steps=0)
+>>> for step in range(4):
+...     cad.begin_step([30, 30]); _ = cad.record(0.4 if step % 2 else 0.2)
+>>> cad.gathers_at(3), close_window(cad.window).count
+(True, 4)
+>>> d = cad.decide(3, [30, 30], [0.4, 0.2], [0.0, 0.0], [4, 4])
+>>> d.new_sizes, d.effective_step
+([20, 40], 4)
+"""
+from typing import List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .timing import DEFAULT_SUMMARY, TimingWindow
+
+__all__ = ["Cadence", "Decision", "Measurement", "close_window", "check_cadence"]
+
+
+class Measurement(NamedTuple):
+    """One window's summary, as a rank contributes it to the gather."""
+
+    time: object    # summary step time, seconds (NaN: no valid sample); array per lane
+    error: object   # its standard error (the noise gate's input)
+    count: object   # valid samples in the window
+
+
+class Decision(NamedTuple):
+    """What :meth:`Cadence.decide` concluded (the same on every rank)."""
+
+    step: int                       # the step whose end the decision follows
+    sizes: List[int]                # the sizes the times were measured at
+    new_sizes: Optional[List[int]]  # None when skipped
+    changed: bool                   # new sizes differ from those in effect or scheduled
+    effective_step: Optional[int]   # first step of the new sizes (when changed)
+    skipped: Optional[str]          # why no decision was taken
+
+
+def close_window(window: TimingWindow) -> Measurement:
+    """Summarise ``window`` and empty it (no settle: the sizes did not change)."""
+    out = Measurement(*window.measure())
+    window.reset(settle=False)  # each adjustment sees only fresh steps
+    return out
+
+
+def check_cadence(adjust_every, settle_steps, lookahead=None):
+    """Validate the cadence's integers; ConfigError names the one that is wrong.
+
+    With a known ``lookahead`` (the simulator's), ``adjust_every`` must also exceed
+    ``lookahead + settle_steps``, or no window would ever hold a sample at the sizes
+    last decided.
+    """
+    checks = [("adjust_every", adjust_every, 1), ("settle_steps", settle_steps, 0)]
+    if lookahead is not None:
+        checks.append(("lookahead", lookahead, 0))
+    for name, value, lowest in checks:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
+            raise ConfigError("%s must be an int >= %d, got %r" % (name, lowest, value))
+    if lookahead is not None and adjust_every <= lookahead + settle_steps:
+        raise ConfigError("adjust_every (%d) must exceed the look-ahead plus settle_steps (%d), or "
+                          "no sample is ever measured at the new sizes; raise adjust_every"
+                          % (adjust_every, lookahead + settle_steps))
+
+
+class Cadence:
+    """The shared adjustment rhythm around one :class:`~omnihvd.controller.Controller`.
+
+    Args:
+        controller: decides the sizes (its bounds, policy, dead band and noise gate).
+        adjust_every: steps per window (one gather and one decision each).
+        settle_steps: samples dropped after each change of sizes.
+        timing: the window summary, see :func:`omnihvd.timing.robust_step_time`.
+            The noise gate applies to ``"sustained"`` and ``"median"``; ``"mean"``
+            (the reference implementation's rule) runs without it.
+
+    Raises:
+        ConfigError: malformed options.
+    """
+
+    def __init__(self, controller, *, adjust_every: int = 20, settle_steps: int = 1,
+                 timing: str = DEFAULT_SUMMARY):
+        check_cadence(adjust_every, settle_steps)
+        self.controller = controller
+        self.adjust_every = int(adjust_every)
+        self.settle_steps = int(settle_steps)
+        self.timing = timing
+        self.window = TimingWindow(self.settle_steps, timing)
+        self._window_sizes: Optional[List[int]] = None
+        self._window_key = None
+        self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
+
+    # -------------------------------------------------------------- measuring
+    def begin_step(self, sizes: Sequence[int]):
+        """The sizes in effect for the step about to run; a change opens a new window."""
+        # A cheap key: this runs every step (tuple for a few ranks, bytes for the
+        # simulator's vectors of thousands).
+        key = sizes.astype(np.int64).tobytes() if isinstance(sizes, np.ndarray) else tuple(sizes)
+        if key != self._window_key:
+            self.window.reset(settle=True)
+            self._window_key = key
+            self._window_sizes = [int(b) for b in sizes]
+
+    def record(self, seconds) -> bool:
+        """Offer the running step's local time; returns whether it was kept."""
+        return self.window.add(seconds)
+
+    def gathers_at(self, step: int) -> bool:
+        """Whether step ``step`` (0-based, global) closes a window and gathers."""
+        return (step + 1) % self.adjust_every == 0
+
+    @property
+    def window_sizes(self) -> Optional[List[int]]:
+        """The sizes the current window's samples were measured at."""
+        return None if self._window_sizes is None else list(self._window_sizes)
+
+    # --------------------------------------------------------------- deciding
+    def pending(self, step: int) -> Optional[tuple]:
+        """``(effective_step, sizes)`` of a decided change not yet measured at ``step``."""
+        if self._pending is not None and step >= self._pending[0] + self.settle_steps:
+            self._pending = None
+        return self._pending
+
+    def sizes_for(self, step: int, current: Sequence[int]) -> List[int]:
+        """The sizes of ``step`` given those in effect before it (for a caller with no
+        schedule of its own, like the simulator)."""
+        if self._pending is not None and step >= self._pending[0]:
+            return list(self._pending[1])
+        return [int(b) for b in current]
+
+    def decide(self, step: int, sizes, times, errors=None, counts=None, *,
+               lookahead: int = 0) -> Decision:
+        """Decide from one gather; every rank gets the same result from the same data.
+
+        Args:
+            step: the step that closed the window.
+            sizes: the sizes the window was measured at (one per rank).
+            times, errors, counts: the gathered measurements (one per rank).
+            lookahead: steps beyond ``step`` some rank has already handed out.
+
+        Returns:
+            :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
+            ``effective_step`` on.
+        """
+        sizes = [int(b) for b in sizes]
+        if self.pending(step) is not None:
+            return Decision(step, sizes, None, False, None,
+                            "a change from step %d is not measured yet" % self._pending[0])
+        times = np.asarray(times, dtype=np.float64)
+        bad = ~(np.isfinite(times) & (times > 0))
+        if counts is not None:
+            bad |= np.asarray(counts) <= 0
+        if bad.any():
+            return Decision(step, sizes, None, False, None, "no valid timing on rank(s) %s"
+                            % np.flatnonzero(bad).tolist())
+        use_errors = errors is not None and self.timing != "mean"
+        new = self.controller.decide(sizes, times, errors if use_errors else None)
+        return self.propose(step, sizes, new, lookahead=lookahead)
+
+    def propose(self, step: int, sizes, new, *, lookahead: int = 0) -> Decision:
+        """Schedule ``new`` (decided, or forced by lowered memory caps) after ``step``."""
+        sizes, new = [int(b) for b in sizes], [int(b) for b in new]
+        current = list(self._pending[1]) if self._pending is not None else sizes
+        changed = new != current
+        effective = step + 1 + max(int(lookahead), 0)
+        if changed:
+            self._pending = (effective, new)
+        return Decision(step, sizes, new, changed, effective if changed else None, None)
+
+    def forget_pending(self):
+        """Drop the record of a scheduled change (after a checkpoint restore)."""
+        self._pending = None

@@ -1,0 +1,77 @@
+"""Validation of the callback's checkpoint state (``OmniLearnCallback.state_dict``).
+
+A checkpoint may come from another run, another version or a hand-edited file; a
+wrong field must stop the resume with a message naming it, never start training
+at a split that does not sum to the global batch. Pure Python.
+"""
+from typing import List, NamedTuple, Optional, Tuple
+
+from .errors import ConfigError
+
+__all__ = ["CallbackState", "checked_state"]
+
+
+class CallbackState(NamedTuple):
+    """The validated fields of a callback state_dict."""
+
+    global_batch_size: int
+    num_ranks: int
+    step: int                                  # steps completed
+    epoch: int
+    batch_sizes: List[int]                     # in effect at ``step``
+    changes: List[Tuple[int, List[int]]]       # (first step, sizes) scheduled after ``step``
+    max_batch_size: Optional[List[int]]        # memory caps learned from OOM errors
+    controller: dict                           # the controller's measured history
+
+
+def _bad(what):
+    return ConfigError("not a valid OmniLearnCallback state_dict: %s" % what)
+
+
+def _whole(key, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad("%s must be an int >= %d, got %r" % (key, minimum, value))
+    return value
+
+
+def _split(key, value, width):
+    if not isinstance(value, (list, tuple)) or len(value) != width:
+        raise _bad("%s must be a list of %d ints, got %r" % (key, width, value))
+    return [_whole(key, b, 1) for b in value]
+
+
+def checked_state(state) -> CallbackState:
+    """The fields of a callback state_dict, validated.
+
+    Raises:
+        ConfigError: not a dict, a missing or malformed field, or splits that do not
+            sum to the checkpoint's global batch (the message names the field).
+
+    >>> checked_state({"global_batch_size": 4, "num_ranks": 2, "step": 3,
+    ...                "batch_sizes": [1, 3]}).batch_sizes
+    [1, 3]
+    """
+    if not isinstance(state, dict):
+        raise _bad("expected a dict, got %s" % type(state).__name__)
+    for key in ("global_batch_size", "num_ranks", "step", "batch_sizes"):
+        if key not in state:
+            raise _bad("missing %r" % key)
+    B = _whole("global_batch_size", state["global_batch_size"], 1)
+    n = _whole("num_ranks", state["num_ranks"], 1)
+    step = _whole("step", state["step"], 0)
+    epoch = _whole("epoch", state.get("epoch", 0), 0)
+    sizes = _split("batch_sizes", state["batch_sizes"], n)
+    if sum(sizes) != B:
+        raise _bad("batch_sizes %r do not sum to its global_batch_size %d" % (sizes, B))
+    changes = state.get("changes", [])
+    if not isinstance(changes, (list, tuple)) or not all(
+            isinstance(c, (list, tuple)) and len(c) == 2 for c in changes):
+        raise _bad("changes must be a list of (step, sizes) pairs, got %r" % (changes,))
+    changes = [(_whole("changes step", s, 0), _split("changes sizes", v, n)) for s, v in changes]
+    if any(sum(v) != B for _, v in changes):
+        raise _bad("a scheduled split in changes does not sum to global_batch_size %d: %r"
+                   % (B, changes))
+    caps = state.get("max_batch_size")
+    if caps is not None:
+        caps = _split("max_batch_size", caps, n)
+    return CallbackState(B, n, step, epoch, sizes, changes, caps, state.get("controller", {}))

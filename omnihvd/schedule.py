@@ -1,0 +1,195 @@
+"""The size schedule: which batch size every rank uses at every global step.
+
+Decisions are made at one step and take effect at a later one (the first step no
+rank's sampler has handed out yet: a ``DataLoader`` with workers prefetches). So the
+schedule is a list of ``(first step, sizes)`` changes plus a record of what the
+sampler already handed out for steps not yet run, and the step counter the sampler
+reads. Pure Python: no torch, horovod or mpi4py.
+
+:class:`BatchSchedule` is the protocol a sampler depends on;
+:class:`~omnihvd.OmniLearnCallback` (through its :class:`SizeSchedule`) and
+:class:`StaticSchedule` implement it.
+"""
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+from .controller import apportion
+from .errors import ConfigError
+
+__all__ = ["BatchSchedule", "SizeSchedule", "StaticSchedule"]
+
+
+@runtime_checkable
+class BatchSchedule(Protocol):
+    """What a sampler needs from whoever decides the batch sizes.
+
+    ``issue(step, total)`` returns every rank's size for global step ``step`` holding
+    ``total`` samples (``global_batch_size``, or fewer for an epoch's last partial
+    step); the same step gives the same sizes on every rank. ``current_step`` is the
+    number of steps completed. A schedule may also have ``can_split(total)`` (whether a
+    partial step of ``total`` fits the bounds) and ``register_sampler(sampler, train)
+    -> bool``, which samplers call once so that their settings join the cross-rank
+    check; it says whether the sampler drives the schedule (training) or only reads
+    it (evaluation: ``issue(step, total, record=False)``).
+    """
+
+    rank: int
+    num_ranks: int
+    global_batch_size: int
+
+    @property
+    def current_step(self) -> int: ...
+
+    def issue(self, step: int, total: int) -> List[int]: ...
+
+
+class SizeSchedule:
+    """The sizes of every global step: decided changes and what was handed out.
+
+    Args:
+        rank, num_ranks: this rank and the world size.
+        global_batch_size: B.
+        sizes: the sizes from ``step`` on.
+        step: steps completed (after a resume: the checkpoint's step).
+        partial: ``(sizes, total) -> sizes or None``: the split of an epoch's last,
+            partial step (default :func:`omnihvd.controller.apportion`; None when no
+            split fits the bounds).
+
+    >>> s = SizeSchedule(0, 2, 10, [5, 5])
+    >>> s.issue(0, 10), s.issue(1, 10)          # a prefetching loader hands out two steps
+    ([5, 5], [5, 5])
+    >>> s.lookahead                              # step 1 is handed out, step 0 runs
+    1
+    >>> s.change(2, [3, 7]); s.advance()
+    >>> s.batch_sizes_at(1), s.batch_sizes_at(2), s.issue(4, 6)
+    ([5, 5], [3, 7], [2, 4])
+    """
+
+    def __init__(self, rank: int, num_ranks: int, global_batch_size: int, sizes: Sequence[int],
+                 step: int = 0, partial: Optional[Callable] = None):
+        self.rank, self.num_ranks, self.global_batch_size = rank, num_ranks, global_batch_size
+        self._partial = partial or apportion
+        self.samplers: List = []
+        self.restore(step, [(step, list(sizes))])
+
+    def restore(self, step: int, changes: List[Tuple[int, List[int]]]):
+        """Start over at ``step`` with ``changes`` (the first holds from ``step`` on)."""
+        self.step = step
+        self._changes = [(s, list(v)) for s, v in changes]
+        self._issued: Dict[int, List[int]] = {}  # step -> sizes the sampler handed out
+        self._issued_upto = step - 1
+        self._max_lookahead = 0
+
+    @property
+    def current_step(self) -> int:
+        """Steps completed so far (the index of the step about to run)."""
+        return self.step
+
+    def batch_sizes_at(self, step: int) -> List[int]:
+        """All ranks' sizes for global step ``step`` as scheduled now."""
+        if step in self._issued:
+            return list(self._issued[step])
+        sizes = self._changes[0][1]
+        for first, s in self._changes:
+            if first > step:
+                break
+            sizes = s
+        return list(sizes)
+
+    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
+        """Sizes of global step ``step`` holding ``total`` samples (the sampler's call);
+        None for a partial step no split fits. ``record=False`` (an evaluation
+        sampler) leaves the schedule untouched."""
+        sizes = self.batch_sizes_at(step)
+        if total != self.global_batch_size:  # the last, partial step of an epoch
+            sizes = self._partial(sizes, total)
+            if sizes is None:
+                return None
+        if record:
+            self._issued[step] = sizes
+            self._issued_upto = max(self._issued_upto, step)
+            self._max_lookahead = max(self._max_lookahead, step - self.step)
+        return list(sizes)
+
+    def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
+        """Samplers register once; their settings join the cross-rank check.
+
+        Returns whether the sampler drives the schedule: ``train``, or by default
+        True for the first sampler only (later ones, e.g. validation, only read).
+
+        Raises:
+            ConfigError: a second sampler asks for ``train=True``.
+        """
+        driving = any(getattr(s, "train", False) for s in self.samplers)
+        if train is None:
+            train = not driving
+        elif train and driving:
+            raise ConfigError("a training sampler (train=True) is already registered with this "
+                              "callback; create evaluation samplers with train=False")
+        self.samplers.append(sampler)
+        return bool(train)
+
+    @property
+    def lookahead(self) -> int:
+        """How many steps beyond the running one (``current_step``) the sampler has
+        handed out: the most seen so far, since a loader's prefetch depth varies (it
+        is deepest at an epoch's start) and a change must start after all of it."""
+        return max(self._max_lookahead, self._issued_upto - self.step, 0)
+
+    @property
+    def latest(self) -> List[int]:
+        """The sizes of the last scheduled change (in effect now or later)."""
+        return list(self._changes[-1][1])
+
+    def upcoming(self) -> List[Tuple[int, List[int]]]:
+        """Scheduled changes that have not started yet."""
+        return [(s, list(v)) for s, v in self._changes if s > self.step]
+
+    def change(self, first_step: int, sizes: Sequence[int]):
+        """Use ``sizes`` from ``first_step`` on.
+
+        Raises:
+            RuntimeError: a sampler already handed out ``first_step`` (omnihvd's own
+                bug: the cadence chooses a step after every rank's look-ahead).
+        """
+        if first_step <= self._issued_upto:
+            raise RuntimeError(
+                "omnihvd internal error: rank %d already handed out step %d, so new sizes cannot "
+                "start at step %d; please report this with your DataLoader settings"
+                % (self.rank, self._issued_upto, first_step))
+        self._changes = [c for c in self._changes if c[0] < first_step] + [(first_step, list(sizes))]
+
+    def advance(self):
+        """One step completed."""
+        self.step += 1
+        self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
+        while len(self._changes) > 1 and self._changes[1][0] <= self.step:
+            # the next change is in effect: earlier ones are never read again (no step
+            # before the current one is asked for), so a long run's schedule stays short
+            del self._changes[0]
+
+
+class StaticSchedule:
+    """A schedule with fixed sizes, for one rank of a simulated or static world.
+
+    >>> s = StaticSchedule([2, 3], rank=1)
+    >>> s.issue(0, 5), s.global_batch_size
+    ([2, 3], 5)
+    """
+
+    def __init__(self, batch_sizes, rank: int = 0):
+        if not isinstance(batch_sizes, (list, tuple)) or not batch_sizes or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
+            raise ConfigError("batch_sizes must be a non-empty list of ints >= 1, got %r"
+                              % (batch_sizes,))
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(batch_sizes):
+            raise ConfigError("rank must be an int in [0, %d), got %r" % (len(batch_sizes), rank))
+        self.batch_sizes = list(batch_sizes)
+        self.rank = rank
+        self.num_ranks = len(self.batch_sizes)
+        self.global_batch_size = sum(self.batch_sizes)
+        self.current_step = 0
+
+    def issue(self, step: int, total: int, record: bool = True) -> List[int]:
+        if total == self.global_batch_size:
+            return list(self.batch_sizes)
+        return apportion(self.batch_sizes, total)

@@ -1,0 +1,51 @@
+"""benchmarks/gpu_timing_check.py: its verdict logic and its behaviour without a GPU."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_timing_check as check  # noqa: E402
+
+pytestmark = pytest.mark.single
+
+
+def medians(omni_large, host_large=0.1):
+    return {"n=1": {"cuda_events": 1.0, "omnihvd": 1.0, "host_only": 0.1},
+            "n=2": {"cuda_events": 8.0, "omnihvd": omni_large, "host_only": host_large}}
+
+
+def test_passes_when_omnihvd_follows_the_events_and_host_time_does_not():
+    passed, rows, lines = check.verdict(medians(8.5))
+    assert passed and lines[-1].startswith("PASS")
+    assert [r[0] for r in rows] == ["cuda_events", "omnihvd", "host_only"]
+    assert rows[1][3] == pytest.approx(8.5) and rows[1][4] == pytest.approx(8.5 / 8 - 1)
+
+
+@pytest.mark.parametrize("omni", [7.1, 9.0])
+def test_fails_outside_ten_percent(omni):
+    passed, _, lines = check.verdict(medians(omni))
+    assert not passed and lines[-1].startswith("FAIL: omnihvd ratio")
+
+
+def test_fails_when_the_workloads_cannot_tell_the_timers_apart():
+    passed, _, lines = check.verdict(medians(8.0, host_large=0.78))
+    assert not passed and "cannot tell the timers apart" in lines[-1]
+
+
+def test_needs_exactly_two_workloads():
+    with pytest.raises(ValueError, match="two workloads"):
+        check.verdict({"a": medians(8.0)["n=1"]})
+
+
+def test_without_cuda_it_says_so_and_exits_2():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the script would run the real check")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_timing_check.py")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no CUDA device" in proc.stdout and "nothing was checked" in proc.stdout
