@@ -224,6 +224,17 @@ def cpu_quotas(pid="self", root: str = "/") -> List[Quota]:
     return found
 
 
+def cpu_quota_cores(pid="self", root: str = "/") -> Optional[float]:
+    """The CPU cores ``pid`` may use under its CFS quotas (the smallest along its
+    cgroup path), or None when no quota is set or none can be seen.
+
+    >>> cpu_quota_cores(root="/nonexistent") is None
+    True
+    """
+    quotas = cpu_quotas(pid, root)
+    return min(q.cores for q in quotas) if quotas else None
+
+
 # ------------------------------------------------------------------ processes
 
 def threads(pid: int, root: str = "/") -> List[int]:

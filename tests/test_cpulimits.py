@@ -54,6 +54,10 @@ def test_v1_quota_of_own_group_and_ancestor(tmp_path):
     assert [(q.quota_us, q.period_us) for q in quotas] == [(30000, 100000), (200000, 10000)]
     assert quotas[0].cores == pytest.approx(0.3)
     assert quotas[0].path.endswith("/sys/fs/cgroup/cpu/job/rank0")
+    # the timer's floor uses the binding (smallest) quota along the path
+    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(0.3)
+    (tmp_path / "sys/fs/cgroup/cpu/job/rank0/cpu.cfs_quota_us").write_text("-1\n")
+    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(20.0)   # the ancestor binds
 
 
 def test_v1_inside_a_container_sees_its_own_group_at_the_mount(tmp_path):
@@ -74,6 +78,7 @@ def test_v2_cpu_max(tmp_path):
         "/sys/fs/cgroup/kubepods/pod1/cpu.max": "max 100000\n",
     })
     assert [(q.quota_us, q.period_us) for q in cpulimits.cpu_quotas(root=root)] == [(50000, 100000)]
+    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(0.5)
     assert cpulimits.find_cpu_controller(root).version == "v2"
 
 
@@ -82,6 +87,7 @@ def test_no_quota_and_no_controller(tmp_path):
         "/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
         "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"})
     assert cpulimits.cpu_quotas(root=unlimited) == []
+    assert cpulimits.cpu_quota_cores(root=unlimited) is None
     # A v2 hierarchy without the cpu controller (hybrid hosts, v1 owns cpu) and no v1 cpu.
     bare = fake_tree(tmp_path / "b", V2_MOUNT % "/", "0::/\n",
                      {"/sys/fs/cgroup/cgroup.controllers": "memory pids\n"})
