@@ -160,8 +160,14 @@ def candidate_splits(phases: List[Phase], B: int, lambdas: Sequence[float],
 
 # ------------------------------------------------------------------ one run
 
-def find_ranks(mpirun, n: int, timeout: float = 120.0) -> List[int]:
-    """Pids of ranks 0..n-1: descendants of the ``mpirun`` Popen with OMPI_COMM_WORLD_RANK set."""
+# The variable that holds a rank's number in its environment, by launcher.
+RANK_VARIABLE = {"mpirun": b"OMPI_COMM_WORLD_RANK=", "torchrun": b"RANK="}
+
+
+def find_ranks(mpirun, n: int, timeout: float = 120.0, launcher: str = "mpirun") -> List[int]:
+    """Pids of ranks 0..n-1: descendants of the launcher's Popen (``mpirun`` or
+    ``torchrun``) whose environment names their rank."""
+    variable = RANK_VARIABLE[launcher]
     deadline, found = time.time() + timeout, {}
     while time.time() < deadline and mpirun.poll() is None:
         found = {}
@@ -172,7 +178,7 @@ def find_ranks(mpirun, n: int, timeout: float = 120.0) -> List[int]:
             except OSError:
                 continue
             for item in env:
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                if item.startswith(variable):
                     found[int(item.split(b"=", 1)[1])] = pid
         if len(found) == n:
             return [found[r] for r in range(n)]
@@ -248,8 +254,13 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     """One mpirun of the training script under the scenario's placements."""
     n = phases[0].num_ranks
     epochs = args.epochs or len(phases) + 1
-    cmd = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none",
-           args.python, args.script, "--mode", mode, "--epochs", str(epochs),
+    if args.launcher == "torchrun":
+        launch = [args.torchrun, "--standalone", "--nproc-per-node", str(n),
+                  "--monitor-interval", "1"]
+    else:
+        launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none",
+                  args.python]
+    cmd = launch + [args.script, "--mode", mode, "--epochs", str(epochs),
            "--global-batch-size", str(args.batch_per_rank * n)]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
@@ -273,7 +284,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     reader.start()
     placer, changes, error, pids, throttling, rank_cpu = None, [], None, [], {}, []
     try:
-        pids = find_ranks(proc, n)
+        pids = find_ranks(proc, n, launcher=args.launcher)
         placer = Placer(pids, tag, args.period_us, args.available)
         placer.apply(phases[0])
         changes.append({"phase": 0, "t": time.time() - started})
@@ -477,6 +488,10 @@ def parse_args(argv=None):
     p.add_argument("--script", default=SCRIPT)
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("--launcher", choices=sorted(RANK_VARIABLE), default="mpirun",
+                   help="torchrun: a torch.distributed script such as "
+                        "examples/train_fashion_mnist_ddp.py (with --script)")
+    p.add_argument("--torchrun", default=os.path.join(os.path.dirname(sys.executable), "torchrun"))
     p.add_argument("--run-timeout", type=int, default=300, help="seconds per run")
     p.add_argument("--out", default=os.path.join(HERE, "results", "realhet"),
                    help="writes OUT.json and OUT.md")
