@@ -23,7 +23,6 @@ Rank 0 prints one line per epoch (benchmarks/realhet.py reads it):
 training time of the epoch (evaluation excluded) and the sizes are those in force
 at its end.
 """
-import argparse
 import logging
 import os
 import time
@@ -36,36 +35,10 @@ import omnihvd
 from omnihvd.data import fashion_mnist
 from omnihvd.models import SmallCNN
 
-MODES = ("omnihvd", "plain", "fixed")
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--global-batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
-    p.add_argument("--steps", type=int, default=None,
-                   help="epochs of this many steps (the first steps*global-batch-size images)")
-    p.add_argument("--mode", choices=MODES, default="omnihvd")
-    p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
-    p.add_argument("--slowdown", default=None, help="per-rank factors, e.g. 1,1,2,4")
-    p.add_argument("--checkpoint", default=None)
-    args = p.parse_args()
-    if args.steps is not None:
-        args.limit = args.steps * args.global_batch_size
-    if (args.mode == "fixed") != (args.split is not None):
-        p.error("--split goes with --mode fixed, and --mode fixed needs --split")
-    if args.checkpoint and args.mode == "plain":
-        p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
-                "mid-training")
-    if args.split is not None:
-        args.split = [int(s) for s in args.split.split(",")]
-    return args
-
+from example_args import parse_args
 
 def main():
-    args = parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     hvd.init()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO if hvd.rank() == 0 else logging.WARNING,
