@@ -74,12 +74,13 @@ def world(monkeypatch):
     cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=ADJUST,
                                    settle_steps=0, comm=comm, abort_on_exception=False,
                                    history_size=KEEP)
-    comm.sizes = lambda: cb._window_sizes or cb.batch_sizes
+    comm.sizes = lambda: cb.cadence.window_sizes or cb.batch_sizes
     return cb, (model, opt, comm)
 
 
 def bounded_state(cb):
-    return (len(cb._changes), len(cb._issued), len(cb.history), len(cb.controller._sizes))
+    return (len(cb.schedule._changes), len(cb.schedule._issued), len(cb.history),
+            len(cb.controller._sizes))
 
 
 def deep_size(root, skip):
