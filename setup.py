@@ -29,7 +29,7 @@ setup(
     # C++17 wrapper and fail against torch >= 2.1. tools/setup.sh builds it.
     install_requires=["numpy", "mpi4py>=3.1", "torch>=2.1"],
     extras_require={"plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
-    entry_points={"console_scripts": ["omnihvd = omnihvd.cli:main"]},
+    entry_points={"console_scripts": ["omnihvd = omnihvd.tools.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

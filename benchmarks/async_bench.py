@@ -18,7 +18,7 @@ Variants (4 workers; the async ones add one parameter-server rank, rank 0):
 Every variant trains the same MLP (784-128-10) from the same seed with plain SGD
 (same lr, global batch B; in async mode each push of b samples is weighted b/B) on
 Fashion-MNIST for the same wall-time budget, with the workers' speeds emulated by
-omnihvd.emulate (model mode: a step on b samples takes b * sample_cost / speed, the
+omnihvd.tools.emulate (model mode: a step on b samples takes b * sample_cost / speed, the
 speeds being the paper's HL4 9/9/6/24 or HL8 6/6/4/32 cores / 12). The MLP keeps real
 compute far below the emulated time even with 5 ranks on 2 cores, so the emulated
 speeds hold (overruns are counted and reported). Then: test accuracy on the 10,000
@@ -48,7 +48,7 @@ def parse_args(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="one training run (under mpirun)")
     r.add_argument("--variant", required=True, choices=VARIANTS)
-    r.add_argument("--level", default="HL8", help="HL1, HL2, HL4 or HL8 (omnihvd.emulate)")
+    r.add_argument("--level", default="HL8", help="HL1, HL2, HL4 or HL8 (omnihvd.tools.emulate)")
     r.add_argument("--budget", type=float, default=45.0, help="training wall time, seconds")
     r.add_argument("--batch-size", type=int, default=256, help="global batch B")
     r.add_argument("--lr", type=float, default=0.1)
@@ -88,9 +88,9 @@ def run_async(args):
     import torch.nn.functional as F
     from mpi4py import MPI
 
-    from omnihvd import emulate
+    from omnihvd.tools import emulate
     from omnihvd.asynchronous import AsyncBatchSampler, AsyncOmniLearnCallback, summarize_staleness
-    from omnihvd.data import load_fashion_mnist
+    from omnihvd.tools.data import load_fashion_mnist
 
     world = MPI.COMM_WORLD
     if world.Get_size() != WORKERS + 1:
@@ -168,8 +168,8 @@ def run_sync(args):
     import torch.nn.functional as F
 
     import omnihvd
-    from omnihvd import emulate
-    from omnihvd.data import load_fashion_mnist
+    from omnihvd.tools import emulate
+    from omnihvd.tools.data import load_fashion_mnist
 
     hvd.init()
     if hvd.size() != WORKERS:

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 import horovod.torch as hvd
-from omnihvd import emulate, telemetry
-from omnihvd.data import load_fashion_mnist
-from omnihvd.models import build_model
+from omnihvd.tools import emulate, telemetry
+from omnihvd.tools.data import load_fashion_mnist
+from omnihvd.tools.models import build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("plain", "omnihvd", "reference")

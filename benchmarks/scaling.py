@@ -1,6 +1,6 @@
 """Scaling benchmark: the real controller on simulated clusters of 4 to 4096 ranks.
 
-For each n and each policy it runs :func:`omnihvd.simulate.simulate` and records
+For each n and each policy it runs :func:`omnihvd.tools.simulate.simulate` and records
 the controller's decision time (wall time of ``Controller.decide``), the allgather
 payload, steps and adjustments to converge, and steady-state efficiency.
 
@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from omnihvd.controller import Controller  # noqa: E402
-from omnihvd.simulate import (SUMMARY_FIELDS, Cluster, Control, make_profile, plot,  # noqa: E402
-                              reference_control, simulate)
+from omnihvd.tools.simulate import (  # noqa: E402
+    SUMMARY_FIELDS, Cluster, Control, make_profile, plot, reference_control, simulate)
 
 RANKS = (4, 16, 64, 256, 1024, 4096)
 PER_RANK = 64

@@ -9,7 +9,7 @@ The driver (this script without ``worker``) runs two ``mpirun -np RANKS`` jobs o
 
 1. From scratch. A small MLP learns the 10,000 Fashion-MNIST test images with
    OmniLearnCallback + HeterogeneousBatchSampler. Heterogeneity is emulated
-   (omnihvd.emulate, model mode: a step of b samples takes ``(step_cost + b *
+   (omnihvd.tools.emulate, model mode: a step of b samples takes ``(step_cost + b *
    sample_cost) / speed``) and changes every ``--period`` steps through the paper's
    HL1-HL2-HL4-HL8-HL4-HL2-HL1. About one step in ``--slow-every`` is made 20-100x
    slower on a random rank (it sleeps: a GC pause, a stalled disk). Rank 0 writes
@@ -120,8 +120,8 @@ def worker(args):
     import horovod.torch as hvd
 
     import omnihvd
-    from omnihvd.data import load_fashion_mnist
-    from omnihvd.emulate import Emulator
+    from omnihvd.tools.data import load_fashion_mnist
+    from omnihvd.tools.emulate import Emulator
 
     hvd.init()
     torch.set_num_threads(1)
@@ -283,7 +283,7 @@ def efficiency(sizes, speeds, best, step_cost, sample_cost):
 
 
 def analyse(args, checkpoint_step, job1, job2):
-    from omnihvd.emulate import parse_schedule
+    from omnihvd.tools.emulate import parse_schedule
     from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 
     B, A, S = args.batch_size, args.adjust_every, args.steps

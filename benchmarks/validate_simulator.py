@@ -1,7 +1,7 @@
 """Validate ``omnihvd simulate`` against real emulated runs on 4 ranks.
 
 For each scenario it runs a real Horovod job under mpirun (OmniLearnCallback +
-HeterogeneousBatchSampler + :class:`omnihvd.emulate.Emulator` in "model" mode, so
+HeterogeneousBatchSampler + :class:`omnihvd.tools.emulate.Emulator` in "model" mode, so
 rank i's local work per step is ``(step_cost + b_i * sample_cost) / speed_i``), then
 simulates the same scenario (same B, policy, cadence, speeds, costs; timing noise
 set to what the real run measured) and compares:
@@ -53,7 +53,7 @@ def worker(args):
     from mpi4py import MPI
 
     import omnihvd
-    from omnihvd.emulate import Emulator
+    from omnihvd.tools.emulate import Emulator
 
     torch.set_num_threads(1)
     hvd.init()
@@ -137,7 +137,7 @@ def analyse_real(doc, speeds_at, steps):
 
 def balance(sizes, speed, B):
     """Noise-free balance of each step's split: ideal time / slowest rank's model time."""
-    from omnihvd.metrics import balance as split_balance
+    from omnihvd.tools.metrics import balance as split_balance
 
     return split_balance(sizes, speed / SAMPLE_COST, STEP_COST / speed, global_batch_size=B)
 
@@ -153,8 +153,8 @@ def steps_to_reach(bal, changes, steps, level=0.95):
 
 
 def compare(scenario, deadband, timeout):
-    from omnihvd.emulate import parse_schedule
-    from omnihvd.simulate import Cluster, Control, make_profile, simulate
+    from omnihvd.tools.emulate import parse_schedule
+    from omnihvd.tools.simulate import Cluster, Control, make_profile, simulate
 
     name, schedule, profile_name, policy, steps, adjust_every, B = scenario
     real = run_real(name, schedule, policy, steps, adjust_every, B, deadband, timeout)

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 import omnihvd
-from omnihvd.data import fashion_mnist
-from omnihvd.models import SmallCNN
+from omnihvd.tools.data import fashion_mnist
+from omnihvd.tools.models import SmallCNN
 
 from example_args import parse_args
 

@@ -34,8 +34,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import omnihvd
-from omnihvd.data import fashion_mnist
-from omnihvd.models import SmallCNN
+from omnihvd.tools.data import fashion_mnist
+from omnihvd.tools.models import SmallCNN
 
 from example_args import parse_args
 

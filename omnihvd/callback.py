@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .cadence import Cadence, close_window
-from .cpulimits import cpu_quota_cores
+from .cpuquota import cpu_quota_cores
 from .checkpoint import checked_state
 from .comm import PendingGather, make_comm
 from .controller import POLICIES, Controller, initial_split, partial_split

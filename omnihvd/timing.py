@@ -20,7 +20,7 @@ Four things make the local time what the rank really costs (docs/timing.rst):
   iteration, which starts the loader's workers, is not charged.
 * **CPU quotas.** A rank that idles while it waits for peers refills its CFS quota
   and measures its unthrottled speed at small batches. With ``cpu_cores`` set (the
-  quota, :mod:`omnihvd.cpulimits`), a step lasts at least its CPU time over the quota.
+  quota, :mod:`omnihvd.cpuquota`), a step lasts at least its CPU time over the quota.
 * **Bursty CPU.** Under a CFS quota (``docker --cpus``, Kubernetes limits) a rank runs
   at full speed, then stalls until the next quota period. The window summary
   ``"sustained"`` (default) is the mean local time with only the rarest samples
@@ -296,7 +296,7 @@ class StepTimer:
             :func:`omnihvd.device.device_synchronizer`). ``mark_wait`` calls it, so
             the local time is the larger of host time and device time.
         cpu_cores: None, or the CPU cores the process may use under a CFS quota
-            (:func:`omnihvd.cpulimits.cpu_quota_cores`; settable at any time). The step
+            (:func:`omnihvd.cpuquota.cpu_quota_cores`; settable at any time). The step
             then lasts at least its CPU time over ``cpu_cores``: what it costs when
             the rank works without idle pauses to refill its quota, as at balance.
         cpu_clock: the process's CPU seconds (default ``time.process_time``), read

@@ -18,11 +18,11 @@ import omnihvd
 # Horovod or a complete install (a module listed here is not even imported by the
 # unit tier).
 NEEDS_INSTALL = (
-    "omnihvd.models",                           # torch at import
+    "omnihvd.tools.models",                     # torch at import
     "omnihvd.sampler",                          # torch at import
     "omnihvd.normalization.batchnorm_layers",   # a torch model
     "omnihvd.weighting.register_gradient_weight",  # a torch tensor hook
-    "omnihvd.doctor.run_checks",                # runs the doctor on this install
+    "omnihvd.tools.doctor.run_checks",          # runs the doctor on this install
 )
 
 

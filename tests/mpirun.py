@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from omnihvd.cpulimits import kill_session  # noqa: F401 - the tests import it from here
+from omnihvd.tools.cpulimits import kill_session  # noqa: F401 - the tests import it from here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

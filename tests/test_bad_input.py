@@ -20,7 +20,7 @@ import torch
 
 import horovod.torch as hvd
 import omnihvd
-from omnihvd import cli, emulate, levels, models, telemetry
+from omnihvd.tools import cli, emulate, levels, models, telemetry
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 

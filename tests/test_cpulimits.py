@@ -1,6 +1,6 @@
-"""omnihvd.cpulimits: reading quotas from fake cgroup trees (v1, v2, containers, none),
-quota groups on a fake tree, and -- as root on a machine with the cpu controller --
-real pinning and a real quota group around a live process."""
+"""omnihvd.cpuquota (reading quotas from fake cgroup trees: v1, v2, containers, none)
+and omnihvd.tools.cpulimits (quota groups on a fake tree; as root on a machine with
+the cpu controller, real pinning and a real quota group around a live process)."""
 import os
 import subprocess
 import sys
@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from omnihvd import cpulimits
-from omnihvd.cpulimits import CpuLimitError, Quota, QuotaGroup
+from omnihvd import cpuquota
+from omnihvd.tools import cpulimits
+from omnihvd.tools.cpulimits import CpuLimitError, Quota, QuotaGroup
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +36,7 @@ def fake_tree(tmp_path, mountinfo, cgroup, files):
 def test_parse_mountinfo_reads_cgroup_mounts_and_escapes():
     text = (V1_MOUNT % ("/", r"\040x", "cpu,cpuacct")
             + "50 23 0:40 / /proc rw - proc proc rw\n")
-    mounts = cpulimits.parse_mountinfo(text)
+    mounts = cpuquota.parse_mountinfo(text)
     assert [(m["fstype"], m["mount"]) for m in mounts] == [
         ("cgroup", "/sys/fs/cgroup/cpu x"), ("cgroup2", "/sys/fs/cgroup/unified")]
     assert {"cpu", "cpuacct"} <= mounts[0]["options"]
@@ -50,14 +51,14 @@ def test_v1_quota_of_own_group_and_ancestor(tmp_path):
         "/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "200000\n",
         "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "10000\n",
     })
-    quotas = cpulimits.cpu_quotas(root=root)
+    quotas = cpuquota.cpu_quotas(root=root)
     assert [(q.quota_us, q.period_us) for q in quotas] == [(30000, 100000), (200000, 10000)]
     assert quotas[0].cores == pytest.approx(0.3)
     assert quotas[0].path.endswith("/sys/fs/cgroup/cpu/job/rank0")
     # the timer's floor uses the binding (smallest) quota along the path
-    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(0.3)
+    assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(0.3)
     (tmp_path / "sys/fs/cgroup/cpu/job/rank0/cpu.cfs_quota_us").write_text("-1\n")
-    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(20.0)   # the ancestor binds
+    assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(20.0)   # the ancestor binds
 
 
 def test_v1_inside_a_container_sees_its_own_group_at_the_mount(tmp_path):
@@ -67,7 +68,7 @@ def test_v1_inside_a_container_sees_its_own_group_at_the_mount(tmp_path):
                      "4:cpu,cpuacct:/docker/abc\n", {
                          "/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "150000\n",
                          "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"})
-    assert cpulimits.cpu_quotas(root=root) == [
+    assert cpuquota.cpu_quotas(root=root) == [
         Quota(os.path.join(root, "sys/fs/cgroup/cpu"), 150000, 100000)]
 
 
@@ -77,29 +78,30 @@ def test_v2_cpu_max(tmp_path):
         "/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "50000 100000\n",
         "/sys/fs/cgroup/kubepods/pod1/cpu.max": "max 100000\n",
     })
-    assert [(q.quota_us, q.period_us) for q in cpulimits.cpu_quotas(root=root)] == [(50000, 100000)]
-    assert cpulimits.cpu_quota_cores(root=root) == pytest.approx(0.5)
-    assert cpulimits.find_cpu_controller(root).version == "v2"
+    assert [(q.quota_us, q.period_us) for q in cpuquota.cpu_quotas(root=root)] == [(50000, 100000)]
+    assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(0.5)
+    assert cpuquota.find_cpu_controller(root).version == "v2"
 
 
 def test_no_quota_and_no_controller(tmp_path):
     unlimited = fake_tree(tmp_path / "a", V1_MOUNT % ("/", "", "cpu"), "1:cpu:/\n", {
         "/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
         "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"})
-    assert cpulimits.cpu_quotas(root=unlimited) == []
-    assert cpulimits.cpu_quota_cores(root=unlimited) is None
+    assert cpuquota.cpu_quotas(root=unlimited) == []
+    assert cpuquota.cpu_quota_cores(root=unlimited) is None
     # A v2 hierarchy without the cpu controller (hybrid hosts, v1 owns cpu) and no v1 cpu.
     bare = fake_tree(tmp_path / "b", V2_MOUNT % "/", "0::/\n",
                      {"/sys/fs/cgroup/cgroup.controllers": "memory pids\n"})
-    assert cpulimits.cpu_quotas(root=bare) == []
+    assert cpuquota.cpu_quotas(root=bare) == []
     with pytest.raises(CpuLimitError, match="neither a cgroup v1 .* nor a cgroup v2"):
-        cpulimits.find_cpu_controller(bare)
+        cpuquota.find_cpu_controller(bare)
 
 
 def test_quota_group_writes_v1_and_v2_files_and_checks_values(tmp_path):
     for version, mount in (("v1", tmp_path / "v1"), ("v2", tmp_path / "v2")):
         mount.mkdir()
-        group = QuotaGroup("g", cpulimits.CpuController(version, str(mount), "/"), root=str(tmp_path))
+        controller = cpuquota.CpuController(version, str(mount), "/")
+        group = QuotaGroup("g", controller, root=str(tmp_path))
         assert group.set_quota(0.3, period_us=10000) == Quota(str(mount / "g"), 3000, 10000)
         if version == "v1":
             assert (mount / "g" / "cpu.cfs_quota_us").read_text() == "3000"
@@ -119,13 +121,13 @@ def test_quota_group_writes_v1_and_v2_files_and_checks_values(tmp_path):
         assert not (mount / "g").exists()
         group.close()   # twice is fine
     with pytest.raises(CpuLimitError, match="cgroup name"):
-        QuotaGroup("../x", cpulimits.CpuController("v1", str(tmp_path), "/"))
+        QuotaGroup("../x", cpuquota.CpuController("v1", str(tmp_path), "/"))
 
 
 def test_remove_stale_groups_keeps_live_owners(tmp_path):
     for name in ("p-1-a", "p-2-a", "other"):
         (tmp_path / name).mkdir()
-    controller = cpulimits.CpuController("v1", str(tmp_path), "/")
+    controller = cpuquota.CpuController("v1", str(tmp_path), "/")
     assert cpulimits.remove_stale_groups("p-", controller, alive=lambda pid: pid == 2) == ["p-1-a"]
     assert sorted(os.listdir(tmp_path)) == ["other", "p-2-a"]
 
@@ -158,7 +160,7 @@ def test_pin_sets_every_thread(child):
 
 def _real_controller():
     try:
-        controller = cpulimits.find_cpu_controller()
+        controller = cpuquota.find_cpu_controller()
     except CpuLimitError as exc:
         pytest.skip(str(exc))
     if os.geteuid() != 0:
@@ -177,9 +179,9 @@ def test_real_quota_group_moves_every_thread_and_cleans_up(child):
             assert members == set(cpulimits.threads(child.pid))
         else:
             assert members == {child.pid}
-        assert [q.cores for q in cpulimits.cpu_quotas(child.pid)][:1] == [pytest.approx(0.2)]
+        assert [q.cores for q in cpuquota.cpu_quotas(child.pid)][:1] == [pytest.approx(0.2)]
     assert not os.path.exists(group.path)
-    assert cpulimits.cpu_quotas(child.pid) == []
+    assert cpuquota.cpu_quotas(child.pid) == []
 
 
 def test_real_quota_throttles_a_busy_process():

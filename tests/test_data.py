@@ -1,4 +1,4 @@
-"""omnihvd.data: the Fashion-MNIST IDX reader, on the installed files and on small
+"""omnihvd.tools.data: the Fashion-MNIST IDX reader, on the installed files and on small
 synthetic IDX files (gzipped and plain), and its error messages."""
 import gzip
 import os
@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from omnihvd import data
-from omnihvd.data import DatasetNotFoundError, load_fashion_mnist, read_idx
+from omnihvd.tools import data
+from omnihvd.tools.data import DatasetNotFoundError, load_fashion_mnist, read_idx
 from omnihvd.errors import OmniHvdError
 
 pytestmark = pytest.mark.single

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from omnihvd import doctor
+from omnihvd.tools import doctor
 
 pytestmark = pytest.mark.single
 

@@ -3,8 +3,8 @@ each check's verdict on given facts. The doctor run on a real install (and on br
 ones) is test_doctor.py."""
 import pytest
 
-from omnihvd import doctor
-from omnihvd.doctor import Check, core_mpi_libs, mpi_family
+from omnihvd.tools import doctor
+from omnihvd.tools.doctor import Check, core_mpi_libs, mpi_family
 
 pytestmark = pytest.mark.unit
 

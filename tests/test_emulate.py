@@ -1,4 +1,4 @@
-"""omnihvd.emulate: schedules, the emulator's arithmetic (with a fake clock), CPU plans,
+"""omnihvd.tools.emulate: schedules, the emulator's arithmetic (with a fake clock), CPU plans,
 options from the command line and the environment. Single process, no timing
 (pinning CPUs in a child process: test_emulate_single.py)."""
 import argparse
@@ -6,8 +6,8 @@ import argparse
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from omnihvd import emulate
-from omnihvd.emulate import EmulationError, Emulator, parse_cpu_plan, parse_schedule
+from omnihvd.tools import emulate
+from omnihvd.tools.emulate import EmulationError, Emulator, parse_cpu_plan, parse_schedule
 from omnihvd.errors import ConfigError
 
 pytestmark = pytest.mark.unit

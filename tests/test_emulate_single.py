@@ -1,4 +1,4 @@
-"""omnihvd.emulate.pin_cpus in a child process: it sets torch's thread count, so it
+"""omnihvd.tools.emulate.pin_cpus in a child process: it sets torch's thread count, so it
 needs torch."""
 import os
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from omnihvd import emulate
-from omnihvd.emulate import EmulationError
+from omnihvd.tools import emulate
+from omnihvd.tools.emulate import EmulationError
 
 pytestmark = pytest.mark.single
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.single
 def test_pin_cpus_in_a_child_process():
     """Pinning changes the process, so do it in a child and report back."""
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    code = ("import os, torch; from omnihvd.emulate import pin_cpus; "
+    code = ("import os, torch; from omnihvd.tools.emulate import pin_cpus; "
             "prev = pin_cpus([%d], threads=1); "
             "print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), len(prev) >= 1)" % cpu)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""omnihvd.metrics (the ideal step time, a split's balance) and omnihvd.levels (the
+"""omnihvd.tools.metrics (the ideal step time, a split's balance) and omnihvd.tools.levels (the
 paper's heterogeneity levels): the one definition each, used by the simulator, the
 emulator, the run logs and the benchmarks."""
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnihvd import emulate, levels, metrics, simulate, telemetry
+from omnihvd.tools import emulate, levels, metrics, simulate, telemetry
 from omnihvd.errors import ConfigError
 
 pytestmark = pytest.mark.unit

@@ -1,9 +1,9 @@
-"""omnihvd.models: shapes, seeded construction, a learning step, and errors."""
+"""omnihvd.tools.models: shapes, seeded construction, a learning step, and errors."""
 import pytest
 import torch
 
 from omnihvd.errors import ConfigError
-from omnihvd.models import MODELS, SmallResNet, build_model
+from omnihvd.tools.models import MODELS, SmallResNet, build_model
 
 pytestmark = pytest.mark.single
 

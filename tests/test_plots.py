@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from omnihvd import cli, telemetry
+from omnihvd.tools import cli, telemetry
 from test_telemetry import PNG_MAGIC, synthetic_run
 
 pytestmark = pytest.mark.single

@@ -29,3 +29,22 @@ def test_shares_and_candidate_splits():
         realhet.parse_spec("pin=0,1 | pin=0,1,1", cpus)
     with pytest.raises(SystemExit, match="cannot read"):
         realhet.parse_spec("pinned=0,1", cpus)
+
+
+def test_disturbed_runs_are_run_again(monkeypatch):
+    foreign = iter([3.0, 2.0, 0.5, 0.2])   # two disturbed runs, then quiet ones
+    calls = []
+
+    def fake_run(args, phases, mode, split, tag):
+        calls.append(tag)
+        return {"foreign_cpu_s": next(foreign), "measured_s": 1.0, "final_sizes": [64, 64]}
+
+    monkeypatch.setattr(realhet, "run_once", fake_run)
+    monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
+    args = realhet.parse_args(["--modes", "plain", "--repeats", "2", "--max-foreign-cpu", "1"])
+    args.available = [0, 1]
+    runs = realhet.run_scenario(args, "eq", "pin=0,1")
+    assert calls == ["0-0", "0-0-0", "0-0-1", "1-0"]
+    assert [r["foreign_cpu_s"] for r in runs] == [0.5, 0.2]
+    assert runs[0]["disturbed_before"] == 2 and "disturbed_before" not in runs[1]
+    assert not realhet.disturbed({"foreign_cpu_s": 9.0}, None)

@@ -4,8 +4,9 @@ import pytest
 
 from omnihvd.controller import TimeModel, solve_time_model
 from omnihvd.errors import ConfigError
-from omnihvd.simulate import (DYNAMIC_SCHEDULE, Cluster, Control, hl_speeds, make_profile,
-                              reference_control, ring_allreduce_seconds, simulate)
+from omnihvd.tools.simulate import (DYNAMIC_SCHEDULE, Cluster, Control, hl_speeds,
+                                    make_profile, reference_control, ring_allreduce_seconds,
+                                    simulate)
 
 pytestmark = pytest.mark.unit
 

@@ -1,11 +1,11 @@
-"""omnihvd.telemetry: run logs, per-segment summaries, the progress bar and tables.
+"""omnihvd.tools.telemetry: run logs, per-segment summaries, the progress bar and tables.
 The plots (matplotlib) are in test_plots.py."""
 import io
 import json
 
 import pytest
 
-from omnihvd import telemetry
+from omnihvd.tools import telemetry
 from omnihvd.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

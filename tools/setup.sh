@@ -159,9 +159,11 @@ EOF
 fi
 
 # 6. omnihvd itself (editable, with its console script).
-# Checked from / so that the current folder cannot stand in for the installed package.
+# Checked from / so that the current folder cannot stand in for the installed package;
+# the console script must run too (it names its module, which may have moved).
 (cd / && "$PY" -c 'import omnihvd, os, sys; sys.exit(os.path.dirname(omnihvd.__file__) != sys.argv[1])' \
-    "$ROOT/omnihvd") 2>/dev/null && [ -x "$VENV/bin/omnihvd" ] ||
+    "$ROOT/omnihvd") 2>/dev/null && [ -x "$VENV/bin/omnihvd" ] &&
+    "$VENV/bin/omnihvd" --help >/dev/null 2>&1 ||
     "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT" || die "pip install -e . failed" "see pip's message above"
 
 "$VENV/bin/omnihvd" doctor --quiet || die "omnihvd doctor found a problem" "run .venv/bin/omnihvd doctor and follow its fixes"

@@ -12,7 +12,7 @@ write: model, optimizer, ``cb.state_dict()``, ``sampler.state_dict()``.
 
 * ``--sizes``: fixed per-rank sizes (``initial_batch_sizes``, never adjusted), so an
   interrupted and an uninterrupted run take identical steps.
-* ``--speeds``: emulated relative speeds (omnihvd.emulate, model mode); the
+* ``--speeds``: emulated relative speeds (omnihvd.tools.emulate, model mode); the
   controller moves the sizes every 3 steps. ``--workers``: DataLoader workers, which
   prefetch, so a decision is scheduled a few steps ahead (and may be pending in the
   checkpoint).
@@ -34,8 +34,8 @@ import torch
 import horovod.torch as hvd
 
 import omnihvd
-from omnihvd.data import fashion_mnist
-from omnihvd.emulate import Emulator
+from omnihvd.tools.data import fashion_mnist
+from omnihvd.tools.emulate import Emulator
 
 N, B, EPOCHS, SEED = 245, 24, 2, 3
 

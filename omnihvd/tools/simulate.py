@@ -42,13 +42,13 @@ from typing import List, Optional
 
 import numpy as np
 
-from .cadence import Cadence, check_cadence, close_window
-from .controller import (POLICIES, Controller, TimeModel, apportion, initial_split, resolve_bounds,
-                         solve_time_model)
-from .errors import ConfigError
+from ..cadence import Cadence, check_cadence, close_window
+from ..controller import (POLICIES, Controller, TimeModel, apportion, initial_split,
+                          resolve_bounds, solve_time_model)
+from ..errors import ConfigError
+from ..timing import DEFAULT_SUMMARY, SUMMARIES
 from .levels import DYNAMIC_LEVELS, LEVEL_CORES, level_speeds
 from .metrics import ideal_step_time, split_time
-from .timing import DEFAULT_SUMMARY, SUMMARIES
 
 __all__ = [
     "HL_LEVELS",
@@ -66,13 +66,13 @@ __all__ = [
     "run",
 ]
 
-# The paper's heterogeneity levels (omnihvd.levels), by their lower-case profile names.
+# The paper's heterogeneity levels (omnihvd.tools.levels), by their lower-case profile names.
 HL_LEVELS = {name.lower(): cores for name, cores in LEVEL_CORES.items()}
 DYNAMIC_SCHEDULE = tuple(name.lower() for name in DYNAMIC_LEVELS)
 PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
 
 # Float64 fields each rank contributes to the callback's timing allgather.
-from .callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
+from ..callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
 
 
 @dataclass

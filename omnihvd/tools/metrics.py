@@ -83,7 +83,7 @@ def measured_ideal_step_time(sizes, times):
     >>> round(measured_ideal_step_time([64, 64, 64, 64], [0.1, 0.1, 0.2, 0.05]), 4)
     0.0889
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     sizes, times = list(sizes), list(times)
     if len(sizes) != len(times):

@@ -12,7 +12,7 @@ its cores over 12, so every level has total speed 4.0 (as four 12-core workers).
 """
 from typing import Optional, Tuple
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["LEVEL_CORES", "CORES_PER_UNIT", "LEVELS", "DYNAMIC_LEVELS", "level_speeds"]
 

@@ -11,7 +11,7 @@ import inspect
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["MODELS", "SmallCNN", "SmallResNet", "BasicBlock", "build_model"]
 

@@ -36,7 +36,7 @@ option is not given, the environment: ``OMNIHVD_EMULATE`` (schedule),
 
 Example (each rank)::
 
-    emu = omnihvd.emulate.Emulator(parse_schedule("dynamic:100"), rank=hvd.rank())
+    emu = omnihvd.tools.emulate.Emulator(parse_schedule("dynamic:100"), rank=hvd.rank())
     for step, (x, y) in enumerate(batches):
         cb.on_batch_begin(); emu.start(cb.step)
         opt.zero_grad(); loss_fn(model(x), y).backward()
@@ -50,7 +50,7 @@ import time
 from typing import Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import levels
-from .errors import ConfigError
+from ..errors import ConfigError
 from .levels import DYNAMIC_LEVELS, LEVEL_CORES, LEVELS
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 # The paper's heterogeneity levels (cores per worker, relative speeds, the dynamic
-# schedule) are defined once, in omnihvd.levels.
+# schedule) are defined once, in omnihvd.tools.levels.
 MODES = ("model", "dilate")
 ENV = {
     "schedule": "OMNIHVD_EMULATE",

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .errors import OmniHvdError
+from ..errors import OmniHvdError
 
 __all__ = [
     "DEFAULT_ROOT", "ENV_VAR", "CLASSES", "MEAN", "STD",

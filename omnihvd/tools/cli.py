@@ -12,9 +12,11 @@ __all__ = ["main", "COMMANDS"]
 
 # command -> (module, one-line help)
 COMMANDS = {
-    "doctor": ("omnihvd.doctor", "check the installation: horovod, MPI, torch, mpi4py"),
-    "simulate": ("omnihvd.simulate", "rehearse a cluster of n ranks with the real controller"),
-    "plot": ("omnihvd.telemetry", "render PNG plots (batch sizes, step time vs ideal) from run logs"),
+    "doctor": ("omnihvd.tools.doctor", "check the installation: horovod, MPI, torch, mpi4py"),
+    "simulate": ("omnihvd.tools.simulate",
+                 "rehearse a cluster of n ranks with the real controller"),
+    "plot": ("omnihvd.tools.telemetry",
+             "render PNG plots (batch sizes, step time vs ideal) from run logs"),
 }
 
 
@@ -41,7 +43,7 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 2
-    from .errors import OmniHvdError
+    from ..errors import OmniHvdError
 
     try:
         return int(_load(args.command).run(args) or 0)

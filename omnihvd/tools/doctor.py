@@ -520,7 +520,7 @@ QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
 
 def _check_cpu_quota(root: str = "/") -> Check:
     """WARN when this process runs under a CFS quota with a long period (docs/cpu-quotas.rst)."""
-    from .cpulimits import cpu_quotas
+    from ..cpuquota import cpu_quotas
 
     quotas = cpu_quotas("self", root=root)
     if not quotas:
@@ -622,7 +622,7 @@ def configure_parser(parser) -> None:
 def _format(checks, quiet: bool) -> str:
     lines = []
     if not quiet:
-        from . import __version__
+        from .. import __version__
         lines.append("omnihvd doctor: omnihvd %s, Python %s (%s)"
                      % (__version__, sys.version.split()[0], sys.executable))
     for c in checks:

@@ -22,14 +22,14 @@ import sys
 import time
 from typing import Iterable, List, Optional, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .metrics import measured_ideal_step_time
 
 __all__ = ["RunLog", "read_log", "ideal_step_time", "summarize", "plot_logs", "ProgressBar",
            "format_table", "configure_parser", "run"]
 
 
-# ``B / sum_i(b_i / t_i)`` of a step record: omnihvd.metrics holds the definition.
+# ``B / sum_i(b_i / t_i)`` of a step record: omnihvd.tools.metrics holds the definition.
 ideal_step_time = measured_ideal_step_time
 
 
@@ -114,7 +114,7 @@ def read_log(path: str) -> dict:
             record = json.loads(line)
         except ValueError:
             raise ConfigError("%s line %d is not JSON: %.60r; is this a run log written by "
-                              "omnihvd.telemetry.RunLog?" % (path, number, line)) from None
+                              "omnihvd.tools.telemetry.RunLog?" % (path, number, line)) from None
         kind = record.get("kind")
         if kind == "meta":
             out["meta"].update(record)
