@@ -39,10 +39,11 @@ import numpy as np
 from .cadence import Cadence, close_window
 from .cpuquota import cpu_quota_cores
 from .checkpoint import checked_state
-from .comm import PendingGather, make_comm
+from .comm import HorovodComm, LocalComm, PendingGather, make_comm
 from .controller import POLICIES, Controller, initial_split, partial_split
 from .errors import ConfigError, InfeasibleError, RankMismatchError
 from .losses import check_batch_length, checked_count, total_count
+from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report, worker_label
 from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
 from .schedule import SizeSchedule
 from .timing import DEFAULT_SUMMARY, SUMMARIES, StepTimer, TimedIterable
@@ -126,6 +127,10 @@ class OmniLearnCallback:
             names the rank and the fix), or the model uses synchronised batch
             normalisation (see :mod:`omnihvd.normalization`).
 
+    Under Horovod elastic (``horovodrun --min-np/--max-np``) track it with
+    :class:`omnihvd.elastic.TorchState`: B is then re-split over the workers present
+    at every entry into the ``@hvd.elastic.run`` function (docs/elastic.rst).
+
     Example::
 
         import horovod.torch as hvd, omnihvd
@@ -145,6 +150,13 @@ class OmniLearnCallback:
         cb.on_train_end()
     """
 
+    # Horovod elastic (omnihvd.elastic): off unless horovodrun runs an elastic job and
+    # an omnihvd.elastic.TorchState tracks the callback.
+    _elastic = False         # HOROVOD_ELASTIC=1: no collective may run before entry
+    _tracker = None          # the omnihvd.elastic.TorchState committing this callback
+    _meter: Optional[ThroughputMeter] = None   # this worker's samples/s, for a re-split
+    _initial_given = False   # the user chose initial_batch_sizes (they fit one world only)
+
     def __init__(self, model, optimizer, global_batch_size: int, *,
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
                  max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
@@ -160,18 +172,25 @@ class OmniLearnCallback:
                               "OmniLearnCallback")
         self.rank, self.num_ranks = hvd.rank(), hvd.size()
         self._comm = make_comm(comm, rank=self.rank, size=self.num_ranks)
+        self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._initial_given = initial_batch_sizes is not None
         self._configure_everywhere(model, optimizer, global_batch_size, initial_batch_sizes,
                                    min_batch_size, max_batch_size, deadband, gain, adjust_every,
                                    policy, settle_steps, timing, nonblocking, size_multiple,
                                    loss_reduction, history_size, device_sync, cpu_quota)
         if abort_on_exception is None:
-            abort_on_exception = self.num_ranks > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+            abort_on_exception = self.num_ranks > 1 and not self._elastic
         self._enable_abort(abort_on_exception)
 
     # Seams for other backends (omnihvd.ddp): how a rank joins and reduces gradients
     # differs; the configuration, schedule, decisions and checkpoints do not.
     def _configure_everywhere(self, *configure_args):
         """Validate the options on every rank; raise on all ranks if any rank failed."""
+        if self._elastic:
+            # Horovod elastic: no collective before the @hvd.elastic.run function (a new
+            # worker would run it alone); the options are compared on entry instead.
+            self._configure(*configure_args)
+            return
         error = None
         try:
             self._configure(*configure_args)
@@ -407,6 +426,8 @@ class OmniLearnCallback:
         if self._started:
             return
         t0 = time.perf_counter()
+        if self._elastic or self._tracker is not None:
+            self._join_world()
         self._install_abort()
         views = self._comm.allgather_object(self._fingerprint())
         diffs = []
@@ -557,6 +578,8 @@ class OmniLearnCallback:
             local = self._timer.local()
             if local is not None and not self._drop_sample:
                 self.cadence.record(local)
+                if self._meter is not None:
+                    self._meter.observe(self._step_sizes[self.rank], local)
 
     def _post(self):
         self._record()
@@ -594,6 +617,11 @@ class OmniLearnCallback:
         if self._pending is not None:
             self._pending.wait()
             self._pending = None
+        self._detach()
+
+    close = on_train_end
+
+    def _detach(self):
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -602,8 +630,6 @@ class OmniLearnCallback:
             self._abort_handle = None
         self._weight.value = 1.0
         self._started = False
-
-    close = on_train_end
 
     # ------------------------------------------------------------ deciding
     def _decide(self, gathered):
@@ -740,3 +766,88 @@ class OmniLearnCallback:
                 log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
                          saved.num_ranks, self.num_ranks, self.batch_sizes)
 
+    # ---------------------------------------------- Horovod elastic (omnihvd.elastic)
+    def _track(self, tracker):
+        """Called by :class:`omnihvd.elastic.TorchState`: from now on every entry into
+        the ``@hvd.elastic.run`` function re-splits B over the workers present."""
+        if self._tracker is not None and self._tracker is not tracker:
+            raise ConfigError("this OmniLearnCallback is already tracked by another "
+                              "omnihvd.elastic.TorchState; create one state per callback")
+        if not isinstance(self._comm, (HorovodComm, LocalComm)):
+            raise ConfigError("under Horovod elastic omnihvd gathers through Horovod, whose "
+                              "workers change: create the callback without comm=")
+        if self._initial_given:
+            raise ConfigError("initial_batch_sizes fit one fixed world; under Horovod elastic "
+                              "omnihvd splits B from each worker's measured throughput (equally "
+                              "at the start): drop initial_batch_sizes")
+        for name, values in (("min_batch_size", self._options["min_batch_size"]),
+                             ("max_batch_size", self._options["max_batch_size"])):
+            if len(set(values)) > 1:
+                raise ConfigError("%s %r is a per-rank list, but Horovod elastic changes the "
+                                  "ranks: pass one int for every worker" % (name, values))
+        self._tracker = tracker
+        if self._meter is None:
+            self._meter = ThroughputMeter()
+            self.worlds: List[Dict] = []   # one record per (re)entry, see omnihvd.elastic
+
+    def _elastic_snapshot(self) -> Dict:
+        """What Horovod's state commits: the step, the epoch, the training samplers'
+        positions (world-independent: the split is agreed again on entry)."""
+        return {"step": self.step, "epoch": self.epoch,
+                "samplers": [s.state_dict() for s in self.schedule.samplers if s.train]}
+
+    def _elastic_load(self, snapshot: Dict):
+        """Go back to a committed (or rank 0's synced) snapshot; no collective."""
+        samplers = [s for s in self.schedule.samplers if s.train]
+        if len(samplers) != len(snapshot["samplers"]):
+            raise ConfigError("rank %d has %d training samplers, the synced state %d: every "
+                              "worker must create the same samplers"
+                              % (self.rank, len(samplers), len(snapshot["samplers"])))
+        step = snapshot["step"]
+        self.schedule.restore(step, [(step, self.schedule.batch_sizes_at(self.step))])
+        self.cadence.forget_pending()
+        self.epoch = snapshot["epoch"]
+        for sampler, state in zip(samplers, snapshot["samplers"]):
+            sampler.load_state_dict(state)
+
+    def _leave_world(self):
+        """Horovod reset callback (the world changed): local clean-up, no collective,
+        since a joining worker would not take part in it."""
+        self._pending = None    # a gather of the old world: its handle died with it
+        self._step_sizes = None
+        self._timer.stop()
+        self._timer.discard_extra()
+        self._detach()
+
+    def _join_world(self):
+        """Agree on the split of B over the workers present: one gather, fixed name."""
+        if self._tracker is None:
+            raise ConfigError("under Horovod elastic the callback must be tracked by the elastic "
+                              "state: state = omnihvd.elastic.TorchState(model, optimizer, "
+                              "callback=cb, ...)")
+        if self.schedule.handed_out:
+            raise ConfigError("the sampler handed out step %d before the world was agreed: call "
+                              "cb.on_train_begin() first thing inside the @hvd.elastic.run "
+                              "function, before iterating the loader" % self.step)
+        import horovod.torch as hvd
+
+        rank, size = hvd.rank(), hvd.size()
+        comm = make_comm(None, rank=rank, size=size)
+        c = self.controller
+        config = (self.global_batch_size, int(c.lo[0]), int(self._options["max_batch_size"][0]),
+                  c.size_multiple)
+        report = world_report(config, self.step, self._meter.value(), self._cap, worker_label())
+        world = agree_on_world(comm.allgather_object(report, name=JOIN_NAME))
+        self.rank, self.num_ranks, self._comm = rank, size, comm
+        self.controller = c.resized(size, config[1], world.caps)
+        self.cadence = Cadence(self.controller, adjust_every=self.cadence.adjust_every,
+                               settle_steps=self.cadence.settle_steps, timing=self.cadence.timing)
+        self.schedule.rank, self.schedule.num_ranks = rank, size
+        self.schedule.restore(world.step, [(world.step, world.batch_sizes)])
+        self._options.update(initial_batch_sizes=list(world.batch_sizes),
+                             min_batch_size=self.controller.lo.tolist(),
+                             max_batch_size=[config[2]] * size)
+        self.worlds.append(dict(world._asdict(), size=size, rank=rank))
+        if rank == 0:
+            log.info("omnihvd: %d workers from step %d (%s): batch sizes %s", size, world.step,
+                     ", ".join(world.workers), world.batch_sizes)

@@ -61,7 +61,7 @@ class LocalComm:
         result = self.allgather(values)
         return PendingGather(lambda: result)
 
-    def allgather_object(self, obj) -> List[Any]:
+    def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
         return [pickle.loads(pickle.dumps(obj))]
 
 
@@ -95,7 +95,7 @@ class MPIComm:
 
         return PendingGather(wait, keep=(send, recv))
 
-    def allgather_object(self, obj) -> List[Any]:
+    def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
         return self._comm.allgather(obj)
 
     def abort(self, code: int = 1):
@@ -134,8 +134,11 @@ class HorovodComm:
     def allgather(self, values) -> np.ndarray:
         return self.iallgather(values).wait()
 
-    def allgather_object(self, obj) -> List[Any]:
-        return self._hvd.allgather_object(obj, name=self._name())
+    def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
+        """All ranks' ``obj``. ``name``: a fixed name for a gather that ranks of
+        different histories must match (Horovod elastic: a new worker's counter
+        differs from a survivor's); default: a counted one."""
+        return self._hvd.allgather_object(obj, name=name or self._name())
 
 
 class TorchDistComm:
@@ -177,7 +180,7 @@ class TorchDistComm:
     def allgather(self, values) -> np.ndarray:
         return self.iallgather(values).wait()
 
-    def allgather_object(self, obj) -> List[Any]:
+    def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
         out: List[Any] = [None] * self.size
         self._dist.all_gather_object(out, obj, group=self._group)
         return out

@@ -647,6 +647,20 @@ class Controller:
         unit_bounds(lo, hi, self.global_batch_size, self.size_multiple)  # raises if infeasible
         self.lo, self.hi = lo, hi
 
+    def resized(self, num_ranks, min_batch_size=1, max_batch_size=None) -> "Controller":
+        """A controller with the same options for another world (membership changed),
+        with new bounds and no measured history.
+
+        >>> Controller(3, 60, policy="proportional").resized(2, 1, [40, 20]).split([1, 1])
+        [40, 20]
+        """
+        return Controller(num_ranks, self.global_batch_size, policy=self.policy, gain=self.gain,
+                          deadband=self.deadband, min_batch_size=min_batch_size,
+                          max_batch_size=max_batch_size, history=self.history,
+                          change_tolerance=self.change_tolerance,
+                          max_step_ratio=self.max_step_ratio, significance=self.significance,
+                          size_multiple=self.size_multiple)
+
     def split(self, targets, total=None) -> list:
         """:func:`apportion` of ``targets`` to ``total`` (default B) within this
         controller's bounds and size multiple."""

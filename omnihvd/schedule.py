@@ -129,6 +129,11 @@ class SizeSchedule:
         return bool(train)
 
     @property
+    def handed_out(self) -> bool:
+        """Whether a sampler already handed out the step about to run."""
+        return self._issued_upto >= self.step
+
+    @property
     def lookahead(self) -> int:
         """How many steps beyond the running one (``current_step``) the sampler has
         handed out: the most seen so far, since a loader's prefetch depth varies (it

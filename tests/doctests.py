@@ -23,6 +23,7 @@ NEEDS_INSTALL = (
     "omnihvd.normalization.batchnorm_layers",   # a torch model
     "omnihvd.weighting.register_gradient_weight",  # a torch tensor hook
     "omnihvd.tools.doctor.run_checks",          # runs the doctor on this install
+    "omnihvd.elastic",                          # horovod.torch at import (a TorchState subclass)
 )
 
 

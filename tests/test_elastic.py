@@ -1,15 +1,13 @@
-"""omnihvd.elastic: the global batch is re-split when a Horovod elastic job changes size.
+"""omnihvd.membership: the split of B over a changed world (Horovod elastic), pure.
 
-These tests run several ElasticBatchSplit objects in threads, one per simulated
-worker, with a real barrier-based allgather; the real elastic ``horovodrun`` runs are
-in ``test_elastic_cluster.py``.
+The callback under Horovod's elastic state in one process is in
+``test_elastic_single.py``; the real elastic ``horovodrun`` runs are in
+``test_elastic_cluster.py``.
 """
-import threading
-
 import pytest
 
-from omnihvd.elastic import ElasticBatchSplit, split_for_world
 from omnihvd.errors import ConfigError, InfeasibleError, RankMismatchError
+from omnihvd.membership import ThroughputMeter, agree_on_world, split_for_world, world_report
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +31,12 @@ def test_bounds_hold():
     assert sizes == [15, 5]
 
 
+def test_per_worker_caps_and_size_multiple_hold():
+    assert split_for_world(64, [1.0, 1.0, 6.0], max_batch_size=[64, 64, 32]) == [16, 16, 32]
+    sizes = split_for_world(36, [1.0, 2.0, 3.0], size_multiple=8)
+    assert sum(sizes) == 36 and all(b % 8 == 0 for b in sizes[1:]) and sizes[0] % 8 == 4
+
+
 @pytest.mark.parametrize("throughputs", [[], [0.0, 1.0], [-1.0], [float("inf")], ["fast"], None])
 def test_bad_throughputs_raise_config_error(throughputs):
     with pytest.raises(ConfigError, match="throughput"):
@@ -44,136 +48,77 @@ def test_infeasible_bounds_raise():
         split_for_world(5, [1.0, 1.0, 1.0], min_batch_size=2)
 
 
-# ------------------------------------------------------------- simulated workers
-class World:
-    """n simulated workers; ``allgather_object`` is a real collective between threads."""
-
-    def __init__(self, n):
-        self.n = n
-        self.barrier = threading.Barrier(n)
-        self.slots = [None] * n
-        self.names = set()
-
-    def gather_for(self, rank):
-        def gather(obj, name):
-            self.names.add(name)
-            self.slots[rank] = obj
-            self.barrier.wait(timeout=10)
-            out = list(self.slots)
-            self.barrier.wait(timeout=10)
-            return out
-        return gather
+# ------------------------------------------------------------------ ThroughputMeter
+def test_meter_ignores_garbage_and_is_none_before_any_step():
+    m = ThroughputMeter()
+    for b, t in [(4, float("nan")), (4, -1.0), (0, 1.0), ("x", 1.0), (4, float("inf")),
+                 (None, 1.0)]:
+        m.observe(b, t)
+    assert m.value() is None
+    m.observe(4, 0.5)
+    assert m.value() == 8.0
 
 
-def begin_all(splits, world, step=None):
-    """Run begin() on every worker at once; return {rank: sizes or exception}."""
-    results = {}
-
-    def run(rank, split):
-        split._allgather_object = world.gather_for(rank)
-        split._world = lambda: (rank, world.n)
-        try:
-            results[rank] = split.begin(step)
-        except Exception as exc:  # checked by the caller
-            results[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(r, s)) for r, s in enumerate(splits)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return results
+def test_meter_forgets_old_steps_and_clips_a_rare_pause():
+    m = ThroughputMeter(window=10)
+    for _ in range(10):
+        m.observe(10, 1.0)                 # 10 samples/s ...
+    for _ in range(10):
+        m.observe(10, 0.5)                 # ... then 20: the old steps aged out
+    assert m.value() == pytest.approx(20.0)
+    m.observe(10, 50.0)                    # one garbage-collector pause
+    assert m.value() > 15.0
 
 
-def measured(split, samples_per_second):
-    for _ in range(5):
-        split.observe(10, 10 / samples_per_second)
-    return split
+def test_meter_window_must_be_positive():
+    with pytest.raises(ConfigError, match="window"):
+        ThroughputMeter(window=0)
 
 
-def test_shrink_resplits_by_measured_throughput_on_every_worker():
-    splits = [ElasticBatchSplit(60) for _ in range(3)]
-    assert begin_all(splits, World(3)) == {0: [20, 20, 20], 1: [20, 20, 20], 2: [20, 20, 20]}
-    measured(splits[0], 300.0)
-    measured(splits[1], 100.0)
-    survivors = splits[:2]                  # worker 2 left
-    for s in survivors:
-        s.on_reset()
-        assert s.stale
-    result = begin_all(survivors, World(2))
-    assert result == {0: [45, 15], 1: [45, 15]}
-    assert [s.batch_size for s in survivors] == [45, 15]
-    assert [s.offset for s in survivors] == [0, 45]
-    assert survivors[1].history[-1]["throughputs"] == pytest.approx([300.0, 100.0])
+# ------------------------------------------------------------------ agree_on_world
+CONFIG = (60, 1, 60, 1)
 
 
-def test_joining_worker_gets_the_median_share():
-    old = [measured(ElasticBatchSplit(60), 300.0), measured(ElasticBatchSplit(60), 100.0)]
-    for s in old:
-        s.on_reset()
-    result = begin_all(old + [ElasticBatchSplit(60)], World(3))
-    assert set(map(tuple, result.values())) == {(30, 10, 20)}
+def reports(*throughputs, step=7, caps=None, configs=None):
+    caps = caps or [60] * len(throughputs)
+    configs = configs or [CONFIG] * len(throughputs)
+    return [world_report(c, step, x, cap, "host[%d]" % i)
+            for i, (x, cap, c) in enumerate(zip(throughputs, caps, configs))]
 
 
-def test_same_world_without_reset_keeps_split():
-    splits = [ElasticBatchSplit(9) for _ in range(3)]
-    begin_all(splits, World(3))
-    measured(splits[0], 1000.0)                  # new measurements alone change nothing
-    assert begin_all(splits, World(3)) == {0: [3, 3, 3], 1: [3, 3, 3], 2: [3, 3, 3]}
+def test_survivors_keep_their_speed_newcomer_gets_the_median():
+    world = agree_on_world(reports(300.0, 100.0, None))
+    assert world.batch_sizes == [30, 10, 20]
+    assert world.step == 7 and world.throughputs == [300.0, 100.0, None]
+    assert world.workers == ["host[0]", "host[1]", "host[2]"]
 
 
-def test_disagreeing_global_batch_fails_on_every_worker():
-    result = begin_all([ElasticBatchSplit(60), ElasticBatchSplit(64)], World(2))
-    for r in (0, 1):
-        assert isinstance(result[r], RankMismatchError)
-        assert "rank 1 has (64, 1, None)" in str(result[r])
+def test_nothing_measured_splits_equally():
+    assert agree_on_world(reports(None, None, None)).batch_sizes == [20, 20, 20]
 
 
-class Target:
-    def __init__(self, throughput):
-        self.throughput = throughput
-        self.calls = []
-
-    def local_throughput(self):
-        return self.throughput
-
-    def reset_world(self, rank, size, batch_sizes, step=None):
-        self.calls.append((rank, size, batch_sizes, step))
+def test_a_workers_own_memory_cap_holds_in_the_new_world():
+    world = agree_on_world(reports(100.0, 100.0, caps=[60, 12]))
+    assert world.caps == [60, 12] and world.batch_sizes == [48, 12]
 
 
-def test_target_is_told_new_world_and_supplies_throughput():
-    targets = [Target(200.0), Target(None), Target(float("nan"))]
-    splits = [ElasticBatchSplit(12, target=t) for t in targets]
-    begin_all(splits, World(3), step=7)
-    assert [t.calls for t in targets] == [[(r, 3, [4, 4, 4], 7)] for r in range(3)]
-    assert splits[0].local_throughput() == 200.0 and splits[2].local_throughput() is None
+def test_every_worker_computes_the_same_split_from_the_same_reports():
+    gathered = reports(310.0, 97.5, None, 12.0)
+    assert len({tuple(agree_on_world(list(gathered)).batch_sizes) for _ in range(4)}) == 1
 
 
-def test_observe_ignores_garbage_and_batch_size_needs_begin():
-    s = ElasticBatchSplit(8)
-    for b, t in [(4, float("nan")), (4, -1.0), (0, 1.0), ("x", 1.0), (4, float("inf"))]:
-        s.observe(b, t)
-    assert s.local_throughput() is None
-    s.observe(4, 0.5)
-    assert s.local_throughput() == 8.0
-    with pytest.raises(RuntimeError, match="begin"):
-        s.batch_size
+def test_disagreeing_options_fail_naming_each_worker():
+    with pytest.raises(RankMismatchError, match=r"rank 1 \(host\[1\]\) has \(64, 1, 60, 1\)"):
+        agree_on_world(reports(1.0, 1.0, configs=[CONFIG, (64, 1, 60, 1)]))
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    (dict(global_batch_size=0), "global_batch_size"),
-    (dict(global_batch_size=8, min_batch_size=-1), "min_batch_size"),
-    (dict(global_batch_size=8, max_batch_size=[4, 4]), "max_batch_size"),
-    (dict(global_batch_size=8, window=0), "window"),
-    (dict(global_batch_size=8, target=object()), "reset_world"),
-])
-def test_bad_arguments_raise_config_error(kwargs, word):
-    with pytest.raises(ConfigError, match=word):
-        ElasticBatchSplit(**kwargs)
+def test_different_steps_mean_the_state_was_not_synced():
+    gathered = reports(1.0, 1.0)
+    gathered[1]["step"] = 9
+    with pytest.raises(RankMismatchError, match="rank 0 has 7, rank 1 has 9.*TorchState"):
+        agree_on_world(gathered)
 
 
-def test_one_fixed_collective_name():
-    splits = [ElasticBatchSplit(4) for _ in range(2)]
-    world = World(2)
-    begin_all(splits, world)
-    assert world.names == {"omnihvd.elastic.split"}
+def test_caps_that_cannot_hold_b_raise_on_every_worker():
+    with pytest.raises(InfeasibleError):
+        agree_on_world(reports(1.0, 1.0, caps=[20, 20]))
