@@ -61,6 +61,11 @@ class TorchState(hvd.elastic.TorchState):
     ``cb.worlds`` then records every (re)entry: its step, batch sizes, caps, the
     throughputs the workers reported (None: unknown), the workers, size and rank.
 
+    It is Horovod's state, so everything Horovod does with one still holds:
+
+    >>> issubclass(TorchState, hvd.elastic.TorchState)
+    True
+
     Example::
 
         hvd.init()
