@@ -54,7 +54,7 @@ def measure(batch):
         cb.on_batch_end()
         end.synchronize()
         device.append(start.elapsed_time(end) / 1000.0)
-        local.append(cb._window._samples[-1] if cb._window._samples else float("nan"))
+        local.append(float("nan") if cb.last_step_time is None else cb.last_step_time)
     cb.on_train_end()
     skip = 5  # warm-up: allocator, cuBLAS heuristics, DDP's bucket rebuild
     med = lambda v: sorted(v[skip:])[len(v[skip:]) // 2]  # noqa: E731

@@ -1,8 +1,13 @@
-"""Command-line options shared by the two Fashion-MNIST examples (Horovod and DDP).
+"""What the two Fashion-MNIST examples (Horovod and DDP) share: their command-line
+options, the plain-mode loader, the resume, the slowdown and the per-epoch line.
 
-Kept apart so that the DDP example needs no Horovod import.
+Kept apart from both so that the DDP example needs no Horovod import; the omnihvd
+lines of the training loop stay in each example, where a reader looks for them.
 """
 import argparse
+import os
+
+import torch
 
 MODES = ("omnihvd", "plain", "fixed")
 
@@ -31,3 +36,48 @@ def parse_args(description):
     if args.split is not None:
         args.split = [int(s) for s in args.split.split(",")]
     return args
+
+
+def plain_loader(train, global_batch_size, rank, size):
+    """``--mode plain``: equal batches from a DistributedSampler, no omnihvd at all."""
+    if global_batch_size % size:
+        raise SystemExit("--mode plain splits --global-batch-size %d equally: make it a "
+                         "multiple of the %d ranks" % (global_batch_size, size))
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        train, num_replicas=size, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = torch.utils.data.DataLoader(train, batch_size=global_batch_size // size,
+                                         sampler=sampler, drop_last=True)
+    return sampler, loader
+
+
+def resume(path, net, opt, cb, sampler, map_location=None) -> int:
+    """Load ``--checkpoint`` when it exists; returns the epoch to start from."""
+    if not (path and os.path.exists(path)):
+        return 0
+    state = torch.load(path, weights_only=False, map_location=map_location)
+    net.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
+    sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
+    return state["sampler"]["epoch"]
+
+
+def slowdown(args, rank) -> float:
+    """This rank's ``--slowdown`` factor (1.0: none)."""
+    factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
+    return factors[rank % len(factors)] if factors else 1.0
+
+
+def end_epoch(args, epoch, seconds, accuracy, cb, loader, net, opt, sampler, rank, size):
+    """Rank 0 prints the epoch's line (benchmarks/realhet.py reads it) and saves
+    ``--checkpoint``."""
+    if rank != 0:
+        return
+    sizes = cb.batch_sizes if cb is not None else [loader.batch_size] * size
+    overhead = 1000 * cb.overhead_per_step if cb is not None else 0.0
+    print("epoch %d: %.3f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
+          % (epoch, seconds, accuracy, sizes, overhead), flush=True)
+    if args.checkpoint:
+        torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(),
+                    "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
+                   args.checkpoint)

@@ -24,7 +24,6 @@ training time of the epoch (evaluation excluded) and the sizes are those in forc
 at its end.
 """
 import logging
-import os
 import time
 
 import torch
@@ -35,7 +34,7 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import parse_args
+from example_args import end_epoch, parse_args, plain_loader, resume, slowdown
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -53,13 +52,7 @@ def main():
 
     cb = None
     if args.mode == "plain":
-        if args.global_batch_size % hvd.size():
-            raise SystemExit("--mode plain splits --global-batch-size %d equally: make it a "
-                             "multiple of the %d ranks" % (args.global_batch_size, hvd.size()))
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            train, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0, drop_last=True)
-        loader = torch.utils.data.DataLoader(train, batch_size=args.global_batch_size // hvd.size(),
-                                             sampler=sampler, drop_last=True)
+        sampler, loader = plain_loader(train, args.global_batch_size, hvd.rank(), hvd.size())
     else:
         # "fixed": the given sizes, never adjusted (no adjustment step is ever reached).
         options = {} if args.mode == "omnihvd" else dict(initial_batch_sizes=args.split,
@@ -69,17 +62,9 @@ def main():
         sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd
         loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
 
-    start_epoch = 0
-    if args.checkpoint and os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])        # Horovod's optimizer holds the state
-        cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
-        sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
-        start_epoch = state["sampler"]["epoch"]
-
-    factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
-    slowdown = factors[hvd.rank() % len(factors)] if factors else 1.0
+    # Horovod's optimizer holds the state; omnihvd's callback and sampler hold theirs.
+    start_epoch = resume(args.checkpoint, model, opt, cb, sampler)
+    factor = slowdown(args, hvd.rank())
 
     if cb is not None:
         cb.on_train_begin()                                                              # omnihvd
@@ -96,24 +81,16 @@ def main():
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
-            if slowdown > 1:
-                time.sleep((slowdown - 1) * (time.perf_counter() - begin))
+            if factor > 1:
+                time.sleep((factor - 1) * (time.perf_counter() - begin))
             opt.step()
             if cb is not None:
                 cb.on_batch_end()                                                        # omnihvd
         if cb is not None:
             cb.on_epoch_end(epoch)                                                       # omnihvd
         seconds = time.perf_counter() - t0
-        acc = evaluate(model, test)
-        if hvd.rank() == 0:
-            sizes = cb.batch_sizes if cb is not None else [loader.batch_size] * hvd.size()
-            overhead = 1000 * cb.overhead_per_step if cb is not None else 0.0
-            print("epoch %d: %.3f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
-                  % (epoch, seconds, acc, sizes, overhead), flush=True)
-        if args.checkpoint and hvd.rank() == 0:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
-                       args.checkpoint)
+        end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt, sampler,
+                  hvd.rank(), hvd.size())
     if cb is not None:
         cb.on_train_end()
 

@@ -35,6 +35,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from .checks import check_int
 from .errors import ConfigError
 from .timing import DEFAULT_SUMMARY, TimingWindow
 
@@ -74,12 +75,10 @@ def check_cadence(adjust_every, settle_steps, lookahead=None):
     ``lookahead + settle_steps``, or no window would ever hold a sample at the sizes
     last decided.
     """
-    checks = [("adjust_every", adjust_every, 1), ("settle_steps", settle_steps, 0)]
+    check_int("adjust_every", adjust_every, 1)
+    check_int("settle_steps", settle_steps, 0)
     if lookahead is not None:
-        checks.append(("lookahead", lookahead, 0))
-    for name, value, lowest in checks:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
-            raise ConfigError("%s must be an int >= %d, got %r" % (name, lowest, value))
+        check_int("lookahead", lookahead, 0)
     if lookahead is not None and adjust_every <= lookahead + settle_steps:
         raise ConfigError("adjust_every (%d) must exceed the look-ahead plus settle_steps (%d), or "
                           "no sample is ever measured at the new sizes; raise adjust_every"

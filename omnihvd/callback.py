@@ -6,17 +6,29 @@ Per step ``s`` (global steps, counted across epochs)::
     on_batch_begin   sizes of step s (schedule) -> gradient weight; start the timer
     opt.step()       pre-hook = the wait boundary: the local time ends (the compute
                      stream synchronised on GPUs); if s closes a window, post the
-                     non-blocking allgather of [time, samples, size, look-ahead,
-                     digest, memory cap, standard error] now, so it overlaps the
-                     gradient synchronize() that follows
+                     non-blocking allgather of this rank's payload row now, so it
+                     overlaps the gradient synchronize() that follows
     on_batch_end     complete that gather, decide (every rank the same, from the
                      same data: omnihvd.cadence), schedule the new sizes for the
                      first step no rank's sampler has handed out yet
 
-Where each idea lives: timing in :mod:`omnihvd.timing` (device, data loading,
-CPU quota, estimator), the rhythm in :mod:`omnihvd.cadence`, the decision in
-:mod:`omnihvd.controller`, the schedule in :mod:`omnihvd.schedule`, checkpoint
-validation in :mod:`omnihvd.checkpoint`, gathering in :mod:`omnihvd.comm`.
+Where each idea lives:
+
+* the options, their checks and the cross-rank agreement: :mod:`omnihvd.options`
+  (the scalar checks every module shares: :mod:`omnihvd.checks`);
+* timing (device, data loading, CPU quota, estimator): :mod:`omnihvd.timing`;
+* the rhythm (window, settle, when to gather, when a change takes effect):
+  :mod:`omnihvd.cadence`; the decision: :mod:`omnihvd.controller`;
+* what each rank sends in the gather and how it reads back: :mod:`omnihvd.payload`;
+  the gathering itself: :mod:`omnihvd.comm`;
+* memory caps after out-of-memory errors: :mod:`omnihvd.caps`;
+* the size schedule and what samplers see of it (``batch_size``, ``issue``, ...):
+  :mod:`omnihvd.schedule`;
+* checkpoint validation and restore: :mod:`omnihvd.checkpoint`;
+* gradient weights: :mod:`omnihvd.weighting`; loss normalisers: :mod:`omnihvd.losses`.
+
+This module keeps the hooks, in the order they run, and the seams another backend
+plugs into (:mod:`omnihvd.ddp`).
 
 Why the gather starts and ends inside one step: ranks leave the last step at
 different moments, and the first to exit shuts Horovod down on every rank (when
@@ -31,47 +43,32 @@ or not it calls :meth:`OmniLearnCallback.on_train_end`.
 import logging
 import os
 import time
-import zlib
 from typing import Dict, List, Optional
 
-import numpy as np
-
 from .cadence import Cadence, close_window
-from .cpuquota import cpu_quota_cores
-from .checkpoint import checked_state
+from .caps import lowered_cap, tighten_caps
+from .checkpoint import checked_state, restore
 from .comm import HorovodComm, LocalComm, PendingGather, make_comm
-from .controller import POLICIES, Controller, initial_split, partial_split
-from .errors import ConfigError, InfeasibleError, RankMismatchError
+from .controller import partial_split
+from .cpuquota import cpu_quota_cores
+from .errors import ConfigError
 from .losses import check_batch_length, checked_count, total_count
 from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report, worker_label
-from .normalization import batchnorm_layers, check_no_sync_batchnorm, raise_min_batch_size
-from .schedule import SizeSchedule
-from .timing import DEFAULT_SUMMARY, SUMMARIES, StepTimer, TimedIterable
-from .weighting import (LOSS_REDUCTIONS, GradientWeight, _optimizer_op, allreduce_weight,
-                        register_gradient_weight, synchronized_flag)
+from .normalization import batchnorm_layers, check_no_sync_batchnorm
+from .options import (check_agreement, configure_everywhere, model_fingerprint, option_values,
+                      resolve_options)
+from .payload import payload_row, read_gathered
+from .schedule import ScheduledSizes, SizeSchedule
+from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
+from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight,
+                        synchronized_flag)
 
 __all__ = ["OmniLearnCallback"]
 
 log = logging.getLogger("omnihvd")
 
-# Columns of the per-adjustment allgather payload.
-_TIME, _COUNT, _SIZE, _AHEAD, _DIGEST, _CAP, _ERROR = range(7)
-PAYLOAD_FIELDS = 7  # float64 per rank per adjustment: time, samples, size, look-ahead,
-#                     digest of the sizes, memory cap, standard error of the time
 
-
-def _digest(sizes) -> float:
-    """A float-exact checksum of a size vector (crc32 fits a float64 exactly)."""
-    return float(zlib.crc32(",".join(str(int(b)) for b in sizes).encode()))
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError("%s must be an int >= %d, got %r" % (name, minimum, value))
-    return value
-
-
-class OmniLearnCallback:
+class OmniLearnCallback(ScheduledSizes):
     """OmniLearn dynamic batch sizing for a Horovod PyTorch training loop.
 
     Args:
@@ -148,6 +145,15 @@ class OmniLearnCallback:
                 cb.on_batch_end()
             cb.on_epoch_end(epoch)
         cb.on_train_end()
+
+    Subclass interface (how :class:`omnihvd.ddp.DDPOmniLearnCallback` plugs in
+    another backend; the configuration, schedule, decisions and checkpoints stay
+    here): the constructor calls :meth:`_start` with its communicator; a subclass
+    overrides :meth:`_check_backend` (what it accepts as model and optimizer) and
+    :meth:`_install_hooks` (how gradients get their weight and where the local time
+    ends), and may read ``_model``, ``_optimizer``, :attr:`_gradient_weight` and
+    :meth:`_timing_open`, and call :meth:`mark_compute_end` and
+    :meth:`_discard_step_time`. Everything else underscored is private.
     """
 
     # Horovod elastic (omnihvd.elastic): off unless horovodrun runs an elastic job and
@@ -170,35 +176,26 @@ class OmniLearnCallback:
         if not hvd.is_initialized():
             raise ConfigError("Horovod is not initialised: call hvd.init() before creating "
                               "OmniLearnCallback")
-        self.rank, self.num_ranks = hvd.rank(), hvd.size()
-        self._comm = make_comm(comm, rank=self.rank, size=self.num_ranks)
         self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         self._initial_given = initial_batch_sizes is not None
-        self._configure_everywhere(model, optimizer, global_batch_size, initial_batch_sizes,
-                                   min_batch_size, max_batch_size, deadband, gain, adjust_every,
-                                   policy, settle_steps, timing, nonblocking, size_multiple,
-                                   loss_reduction, history_size, device_sync, cpu_quota)
         if abort_on_exception is None:
-            abort_on_exception = self.num_ranks > 1 and not self._elastic
-        self._enable_abort(abort_on_exception)
+            abort_on_exception = hvd.size() > 1 and not self._elastic
+        self._start(make_comm(comm, rank=hvd.rank(), size=hvd.size()), model, optimizer,
+                    option_values(locals()), abort_on_exception)
 
-    # Seams for other backends (omnihvd.ddp): how a rank joins and reduces gradients
-    # differs; the configuration, schedule, decisions and checkpoints do not.
-    def _configure_everywhere(self, *configure_args):
-        """Validate the options on every rank; raise on all ranks if any rank failed."""
+    # ------------------------------------------------------- subclass seams
+    def _start(self, comm, model, optimizer, options: Dict, abort_on_exception: bool):
+        """Configure on every rank over ``comm`` (raising on all ranks if any failed),
+        then arm the abort path. ``options``: the keyword options by name."""
+        self._comm = comm
+        self.rank, self.num_ranks = comm.rank, comm.size
         if self._elastic:
             # Horovod elastic: no collective before the @hvd.elastic.run function (a new
             # worker would run it alone); the options are compared on entry instead.
-            self._configure(*configure_args)
-            return
-        error = None
-        try:
-            self._configure(*configure_args)
-        except Exception as exc:  # reported on every rank below, never on one alone
-            error = exc
-        self._agree_on_errors(error)
-
-    def _enable_abort(self, abort_on_exception):
+            self._configure(model, optimizer, options)
+        else:
+            configure_everywhere(comm, lambda: self._configure(model, optimizer, options),
+                                 type(self).__name__)
         self._abort_enabled = bool(abort_on_exception)
         self._abort_handle = None
         self._install_abort()
@@ -217,84 +214,46 @@ class OmniLearnCallback:
         return [register_gradient_weight(self._model.parameters(), self._weight),
                 self._optimizer.register_step_pre_hook(self._on_step_entry)]
 
-    def _install_abort(self):
-        if self._abort_enabled and self._abort_handle is None:
-            from .faults import install_abort_on_exception
+    @property
+    def _gradient_weight(self) -> GradientWeight:
+        """The weight this rank's gradients get in the current step (set at on_batch_begin)."""
+        return self._weight
 
-            self._abort_handle = install_abort_on_exception(self.rank)
+    def _timing_open(self) -> bool:
+        """Whether the current step's local time is still running (no wait boundary yet)."""
+        return self._timer.running
+
+    def _discard_step_time(self):
+        """Do not use the current step's local time (it holds no clean boundary)."""
+        self._drop_sample = True
 
     # ------------------------------------------------------------ set-up
-    def _configure(self, model, optimizer, global_batch_size, initial_batch_sizes,
-                   min_batch_size, max_batch_size, deadband, gain, adjust_every, policy,
-                   settle_steps, timing, nonblocking, size_multiple=1, loss_reduction="mean",
-                   history_size=1000, device_sync="auto", cpu_quota="auto"):
+    def _configure(self, model, optimizer, options: Dict):
+        """Check the model and backend, resolve the options, build the pieces."""
         if not hasattr(model, "named_modules"):
             raise ConfigError("model must be a torch.nn.Module, got %s" % type(model).__name__)
         check_no_sync_batchnorm(model)
         self._average = self._check_backend(model, optimizer)
-        B = _check_int("global_batch_size", global_batch_size, 1)
-        adjust_every = _check_int("adjust_every", adjust_every, 1)
-        if policy not in POLICIES:
-            raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
-        if timing not in SUMMARIES:
-            raise ConfigError("timing must be one of %s, got %r" % (", ".join(SUMMARIES), timing))
-        if not isinstance(nonblocking, bool):
-            raise ConfigError("nonblocking must be True or False, got %r" % (nonblocking,))
-        if not (device_sync is None or device_sync == "auto" or callable(device_sync)):
-            raise ConfigError("device_sync must be 'auto', None or a callable, got %r"
-                              % (device_sync,))
-        if not (cpu_quota is None or cpu_quota == "auto" or (
-                isinstance(cpu_quota, (int, float)) and not isinstance(cpu_quota, bool)
-                and 0 < cpu_quota < float("inf"))):
-            raise ConfigError("cpu_quota must be 'auto', None or a number of cores > 0, got %r"
-                              % (cpu_quota,))
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise ConfigError("loss_reduction must be one of %s, got %r"
-                              % (", ".join(LOSS_REDUCTIONS), loss_reduction))
-        self.global_batch_size = B
-        self.adjust_every = adjust_every
-        self.nonblocking = nonblocking
-        self.loss_reduction = loss_reduction
-        self.history_size = _check_int("history_size", history_size, 1)
-        norms = batchnorm_layers(model)
-        raised = False
-        if norms:  # BatchNorm cannot normalise a batch of one sample
-            min_batch_size, raised = raise_min_batch_size(min_batch_size)
-            if raised and self.rank == 0:
-                log.info("omnihvd: the model has BatchNorm layers (%s): min_batch_size raised to "
-                         "%r (a batch of one sample has no batch statistics)",
-                         ", ".join(norms[:3]) + (", ..." if len(norms) > 3 else ""),
-                         min_batch_size)
-        try:
-            self.controller = Controller(self.num_ranks, B, policy=policy, gain=gain,
-                                         deadband=deadband, min_batch_size=min_batch_size,
-                                         max_batch_size=max_batch_size,
-                                         size_multiple=size_multiple)
-        except InfeasibleError as exc:
-            if not raised:
-                raise
-            raise InfeasibleError("%s (min_batch_size was raised to 2 because the model has "
-                                  "BatchNorm layers; use a larger global_batch_size, or "
-                                  "GroupNorm/LayerNorm)" % exc) from exc
-        lo, hi = self.controller.lo, self.controller.hi
-        sizes = initial_split(self.num_ranks, B, lo, hi, initial_batch_sizes,
-                              size_multiple=self.controller.size_multiple)
-        self.cadence = Cadence(self.controller, adjust_every=adjust_every,
-                               settle_steps=settle_steps, timing=timing)
-        self.schedule = SizeSchedule(self.rank, self.num_ranks, B, sizes,
-                                     partial=self._partial_split)
-        self._model = model
-        self._optimizer = optimizer
-        self._options = dict(
-            global_batch_size=B, initial_batch_sizes=list(sizes), min_batch_size=lo.tolist(),
-            max_batch_size=hi.tolist(), deadband=self.controller.deadband,
-            gain=self.controller.gain, adjust_every=self.adjust_every, policy=policy,
-            settle_steps=settle_steps, timing=timing, nonblocking=self.nonblocking,
-            average=self._average, size_multiple=self.controller.size_multiple,
-            loss_reduction=loss_reduction, history_size=self.history_size,
-            backward_passes_per_step=getattr(optimizer, "backward_passes_per_step", 1))
-        self._device_sync_option = device_sync
-        self._cpu_quota_option = cpu_quota
+        self._options, self.controller = resolve_options(
+            self.num_ranks, batchnorm_layers=batchnorm_layers(model), log_floor=self.rank == 0,
+            **options)
+        o = self._options
+        self.global_batch_size, self.adjust_every = o.global_batch_size, o.adjust_every
+        self.nonblocking, self.loss_reduction = o.nonblocking, o.loss_reduction
+        self.history_size = o.history_size
+        self.cadence = Cadence(self.controller, adjust_every=o.adjust_every,
+                               settle_steps=o.settle_steps, timing=o.timing)
+        self.schedule = SizeSchedule(self.rank, self.num_ranks, o.global_batch_size,
+                                     o.initial_batch_sizes, partial=self._partial_split)
+        self._model, self._optimizer = model, optimizer
+        self._backward_passes = getattr(optimizer, "backward_passes_per_step", 1)
+        # None: this optimizer does not expose Horovod's private flag, so an explicit
+        # synchronize() before step() cannot be detected (warned at on_train_begin).
+        self._sync_detectable = optimizer is None or synchronized_flag(optimizer) is not None
+        self._init_state()
+
+    def _init_state(self):
+        """The state of a run that has not started: no step, no gather, no hooks."""
         self._timer = StepTimer()
         self._weight = GradientWeight(1.0)
         self._pending = None          # the posted gather of this step
@@ -304,35 +263,26 @@ class OmniLearnCallback:
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
         self._warned_sync = False
-        # None: this optimizer does not expose Horovod's private flag, so an explicit
-        # synchronize() before step() cannot be detected (warned at on_train_begin).
-        self._sync_detectable = optimizer is None or synchronized_flag(optimizer) is not None
         self._cap = int(self.controller.hi[self.rank])
+        # this rank's local time of the last timed step (None: none yet, or dropped)
+        self.last_step_time: Optional[float] = None
         self.oom_events = 0
         self.epoch = 0
         self.history: List[Dict] = []   # the last history_size decisions
         self._adjustments = 0
         self.overhead_seconds = 0.0
 
-    def _agree_on_errors(self, error):
-        reports = self._comm.allgather_object(None if error is None else
-                                              "%s: %s" % (type(error).__name__, error))
-        failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
-        if not failed:
-            return
-        detail = "; ".join("rank %d: %s" % (r, msg) for r, msg in failed)
-        if len(failed) == len(reports) and len({m for _, m in failed}) == 1 and isinstance(
-                error, ValueError):
-            raise error  # the same problem everywhere: keep its own type and message
-        raise ConfigError("%s rejected its configuration on %d of %d ranks (%s)"
-                          % (type(self).__name__, len(failed), len(reports), detail)) from error
+    def _install_abort(self):
+        if self._abort_enabled and self._abort_handle is None:
+            from .faults import install_abort_on_exception
 
-    def _fingerprint(self):
-        shapes = [(name, tuple(p.shape)) for name, p in self._model.named_parameters()]
-        fp = dict(self._options)
-        fp["model"] = "%d tensors, %d values, crc %08x" % (
-            len(shapes), sum(int(p.numel()) for p in self._model.parameters()),
-            zlib.crc32(repr(shapes).encode()))
+            self._abort_handle = install_abort_on_exception(self.rank)
+
+    def _fingerprint(self) -> Dict:
+        """What every rank must agree on: options, backend, model shape, resume point."""
+        fp = self._options.agreed()
+        fp.update(average=self._average, backward_passes_per_step=self._backward_passes,
+                  model=model_fingerprint(self._model))
         fp["resume"] = (self.step, self.batch_sizes)
         fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last)
                           for s in self.schedule.samplers]
@@ -341,7 +291,7 @@ class OmniLearnCallback:
     def _configure_timer(self):
         """Device sync and CPU quota for the timer (the model may have moved to its
         device after the callback was built, so this runs at on_train_begin)."""
-        option = self._device_sync_option
+        option = self._options.device_sync
         if option == "auto":
             from .device import device_synchronizer
 
@@ -350,64 +300,13 @@ class OmniLearnCallback:
         self._refresh_quota()
 
     def _refresh_quota(self):
-        option = self._cpu_quota_option
+        option = self._options.cpu_quota
         self._timer.cpu_cores = cpu_quota_cores() if option == "auto" else option
 
-    # ----------------------------------------------- schedule (BatchSchedule protocol)
-    @property
-    def step(self) -> int:
-        """Steps completed so far (global, across epochs)."""
-        return self.schedule.step
-
-    @property
-    def current_step(self) -> int:
-        """Steps completed so far (the index of the step about to run)."""
-        return self.schedule.step
-
-    def batch_sizes_at(self, step: int) -> List[int]:
-        """All ranks' sizes for global step ``step`` as scheduled now."""
-        return self.schedule.batch_sizes_at(step)
-
-    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
-        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler).
-
-        A partial step (``total < B``) is split within the bounds, or None when no
-        split fits (the sampler then drops it). ``record=False`` (evaluation
-        samplers) leaves the schedule untouched.
-        """
-        return self.schedule.issue(step, total, record)
-
     def _partial_split(self, sizes, total):
+        # the controller's bounds now: memory caps may have lowered them
         c = self.controller
         return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
-
-    def can_split(self, total: int) -> bool:
-        """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
-        return self._partial_split(self.batch_sizes, total) is not None
-
-    def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
-        """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
-        seed, shuffle and drop_last join the cross-rank check at ``on_train_begin``
-        (ranks with different seeds would silently repeat and skip samples).
-
-        Returns whether the sampler drives the schedule (its steps are the training
-        steps): ``train``, or by default True for the first sampler only. Others (a
-        validation loader) read the current sizes and record nothing.
-
-        Raises:
-            ConfigError: a second sampler asks for ``train=True``.
-        """
-        return self.schedule.register_sampler(sampler, train)
-
-    @property
-    def batch_sizes(self) -> List[int]:
-        """Every rank's current batch size (the same list on every rank); sums to B."""
-        return self.schedule.batch_sizes_at(self.step)
-
-    @property
-    def batch_size(self) -> int:
-        """This rank's current batch size, b_i."""
-        return self.batch_sizes[self.rank]
 
     def wrap(self, loader):
         """``loader`` with each ``next()`` counted as this rank's work.
@@ -429,16 +328,7 @@ class OmniLearnCallback:
         if self._elastic or self._tracker is not None:
             self._join_world()
         self._install_abort()
-        views = self._comm.allgather_object(self._fingerprint())
-        diffs = []
-        for key in views[0]:
-            values = [v.get(key) for v in views]
-            if any(v != values[0] for v in values):
-                diffs.append("%s: %s" % (key, ", ".join("rank %d has %r" % (r, v)
-                                                        for r, v in enumerate(values))))
-        if diffs:
-            raise RankMismatchError("ranks disagree on the omnihvd configuration or model; every "
-                                    "rank must pass the same values (%s)" % "; ".join(diffs))
+        check_agreement(self._comm.allgather_object(self._fingerprint()))
         self._configure_timer()
         self._hooks = self._install_hooks()
         self._started = True
@@ -502,10 +392,17 @@ class OmniLearnCallback:
         ignored), per-token means (tokens) -- compute each rank's loss with
         ``reduction="sum"`` and divide it by the step's global count; with
         ``loss_reduction="sum"`` the gradient is then exactly that of the loss over
-        the global batch. Every rank must call it once per (micro-)step, at the same
-        point. It is a small blocking allgather; the time spent waiting in it is
-        left out of the step's timing. Every rank sums the same gathered values in
-        the same order, so all get the same bits.
+        the global batch. Every rank sums the same gathered values in the same
+        order, so all get the same bits.
+
+        It blocks: each call is one allgather of one float per rank, which returns
+        only when every rank has made the same call -- a synchronisation point
+        inside the step (a fast rank waits for the slowest one's forward pass) and
+        one round trip of latency. So every rank must call it the same number of
+        times per (micro-)step, at the same point, or the ranks hang. The whole
+        call is left out of the step's local time when it runs between
+        :meth:`on_batch_begin` and the wait boundary (e.g. before ``backward()``),
+        so the balancing still sees each rank's own work.
 
         Args:
             count: this rank's count (int, float or a one-element tensor), >= 0.
@@ -515,8 +412,9 @@ class OmniLearnCallback:
 
         Raises:
             ConfigError: the callback's ``loss_reduction`` is not ``"sum"``; a count
-                that is negative or not finite (on this rank); a global count of 0
-                (on every rank).
+                that is negative or not finite (on this rank, before the gather:
+                the other ranks are then stopped by ``abort_on_exception``); a
+                global count of 0 (on every rank).
 
         Example::
 
@@ -562,44 +460,47 @@ class OmniLearnCallback:
     def _wait_boundary(self):
         # The step's own work is done; next this rank waits for its peers. Later calls
         # in the same step (Horovod's step() re-enters the hook) do nothing.
-        if not self._timer.running:
+        if not self._end_local_time():
             return
-        self._timer.mark_wait()
-        self._record()
-        self._timer.stop()
         t0 = time.perf_counter()
         if self.nonblocking and self.cadence.gathers_at(self.step):
             self._post()  # overlaps the gradient synchronize() that follows
         self.overhead_seconds += time.perf_counter() - t0
 
+    def _end_local_time(self) -> bool:
+        """Stop the timer and offer the step's time to the window; False if not running."""
+        if not self._timer.running:
+            return False
+        self._timer.mark_wait()
+        self._record()
+        self._timer.stop()
+        return True
+
     def _record(self):
         if not self._recorded:
             self._recorded = True
             local = self._timer.local()
-            if local is not None and not self._drop_sample:
+            self.last_step_time = None if self._drop_sample else local
+            if self.last_step_time is not None:
                 self.cadence.record(local)
                 if self._meter is not None:
                     self._meter.observe(self._step_sizes[self.rank], local)
 
     def _post(self):
         self._record()
-        measured = close_window(self.cadence.window)
         sizes = self.cadence.window_sizes or self.batch_sizes
-        payload = [measured.time, measured.count, sizes[self.rank], self.schedule.lookahead,
-                   _digest(sizes), self._cap, measured.error]
+        row = payload_row(close_window(self.cadence.window), sizes, self.rank,
+                          self.schedule.lookahead, self._cap)
         if self.nonblocking:
-            self._pending = self._comm.iallgather(payload)
+            self._pending = self._comm.iallgather(row)
         else:
-            done = self._comm.allgather(payload)
+            done = self._comm.allgather(row)
             self._pending = PendingGather(lambda: done)
 
     def on_batch_end(self, batch=None, logs=None):
         """Record the step's local time; complete the gather, decide and schedule when due."""
         t0 = time.perf_counter()
-        if self._timer.running:  # no wait boundary this step (no opt.step() call)
-            self._timer.mark_wait()
-            self._record()
-            self._timer.stop()
+        self._end_local_time()  # no wait boundary this step (no opt.step() call)
         if self.cadence.gathers_at(self.step) and self._pending is None:
             self._post()  # no wait boundary this step (a loop without step()), or blocking
         if self._pending is not None:
@@ -632,49 +533,47 @@ class OmniLearnCallback:
         self._started = False
 
     # ------------------------------------------------------------ deciding
-    def _decide(self, gathered):
+    def _decide(self, matrix):
+        """Decide from the gathered matrix (every rank alike) and schedule the result."""
         t0 = time.perf_counter()
-        step = self.step
-        digests = set(gathered[:, _DIGEST].tolist())
-        if len(digests) != 1:
-            raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
-                                    "omnihvd state diverged (were different checkpoints loaded?)"
-                                    % step)
-        times = gathered[:, _TIME]
-        sizes = [int(b) for b in gathered[:, _SIZE]]
-        record = {"step": step + 1, "epoch": self.epoch, "sizes": sizes,
-                  "times": [float(t) for t in times],
-                  "samples": [int(c) for c in gathered[:, _COUNT]]}
-        caps = gathered[:, _CAP].astype(int)
-        capped = bool((caps < self.controller.hi).any())
-        if capped:  # a rank ran out of memory: every rank lowers its cap the same way
-            self.controller.set_bounds(self.controller.lo, self.controller.hi.clip(max=caps))
+        got = read_gathered(matrix, self.step)
+        record = {"step": self.step + 1, "epoch": self.epoch, "sizes": got.sizes,
+                  "times": [float(t) for t in got.times],
+                  "samples": [int(c) for c in got.counts]}
+        capped = tighten_caps(self.controller, got.caps)  # a rank ran out of memory
+        if capped:
             record["caps"] = self.controller.hi.tolist()
-        lookahead = int(gathered[:, _AHEAD].max())
-        decision = self.cadence.decide(step, sizes, times, gathered[:, _ERROR],
-                                       gathered[:, _COUNT], lookahead=lookahead)
-        if decision.skipped is not None and capped:
-            # no usable timing, but the split must respect the new caps now
-            forced = self.controller.split(self.schedule.latest)
-            decision = self.cadence.propose(step, sizes, forced, lookahead=lookahead)
+        decision = self._decision(got, capped)
+        record.update(new_sizes=decision.new_sizes or got.sizes, changed=decision.changed,
+                      effective_step=decision.effective_step)
         if decision.skipped is not None:
-            record.update(new_sizes=sizes, changed=False, effective_step=None,
-                          skipped=decision.skipped)
-        else:
-            if decision.changed:
-                self.schedule.change(decision.effective_step, decision.new_sizes)
-            record.update(new_sizes=decision.new_sizes, changed=decision.changed,
-                          effective_step=decision.effective_step)
-            if decision.changed and self.rank == 0:
-                log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s)",
-                         step + 1, sizes, decision.new_sizes, decision.effective_step,
-                         ", ".join("%.4g" % t for t in times),
-                         "; memory caps %s" % self.controller.hi.tolist() if capped else "")
+            record["skipped"] = decision.skipped
+        elif decision.changed:
+            self.schedule.change(decision.effective_step, decision.new_sizes)
+            self._log_change(got, decision, capped)
         record["decision_s"] = time.perf_counter() - t0
-        self._adjustments += bool(record.get("changed"))
+        self._adjustments += decision.changed
         self.history.append(record)
         if len(self.history) > self.history_size:
             del self.history[0]  # history_size pointers moved: cheap, and memory stays flat
+
+    def _decision(self, got, capped):
+        """The cadence's verdict; with new caps a re-split even when timing is unusable."""
+        decision = self.cadence.decide(self.step, got.sizes, got.times, got.errors, got.counts,
+                                       lookahead=got.lookahead)
+        if decision.skipped is not None and capped:
+            # no usable timing, but the split must respect the new caps now
+            forced = self.controller.split(self.schedule.latest)
+            decision = self.cadence.propose(self.step, got.sizes, forced,
+                                            lookahead=got.lookahead)
+        return decision
+
+    def _log_change(self, got, decision, capped):
+        if self.rank == 0:
+            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s)",
+                     self.step + 1, got.sizes, decision.new_sizes, decision.effective_step,
+                     ", ".join("%.4g" % t for t in got.times),
+                     "; memory caps %s" % self.controller.hi.tolist() if capped else "")
 
     def report_oom(self, shrink: float = 0.8):
         """Tell omnihvd this rank ran out of memory in the current step.
@@ -685,24 +584,17 @@ class OmniLearnCallback:
         contributes zeros for the gradients this rank did not finish, so that one step
         uses fewer samples. This rank's cap becomes ``shrink`` times its current size;
         at the next adjustment every rank lowers its copy of the cap and re-splits the
-        global batch within the new caps (the dead band does not apply).
+        global batch within the new caps (the dead band does not apply; see
+        :mod:`omnihvd.caps`).
 
         Raises:
+            ConfigError: ``shrink`` is not a number in (0, 1).
             InfeasibleError: the rank is already at ``min_batch_size`` (nothing left
                 to shed), on this rank; at the next adjustment on every rank if the
                 caps can no longer hold the global batch.
         """
-        from .errors import InfeasibleError
-
-        if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0 < shrink < 1:
-            raise ConfigError("shrink must be a number in (0, 1), got %r" % (shrink,))
         size = (self._step_sizes or self.batch_sizes)[self.rank]
-        floor = int(self.controller.lo[self.rank])
-        if size <= floor:
-            raise InfeasibleError("rank %d ran out of memory at batch size %d, already its "
-                                  "min_batch_size; lower min_batch_size or the model's memory "
-                                  "use" % (self.rank, size))
-        cap = min(self._cap, max(floor, int(size * shrink)))
+        cap = lowered_cap(size, int(self.controller.lo[self.rank]), self._cap, shrink, self.rank)
         self._drop_sample = True
         self.oom_events += 1
         if cap == self._cap:
@@ -740,31 +632,19 @@ class OmniLearnCallback:
             ConfigError: the checkpoint has another global batch size, or is malformed.
         """
         saved = checked_state(state)
-        B, step, sizes = saved.global_batch_size, saved.step, saved.batch_sizes
-        if B != self.global_batch_size:
+        if saved.global_batch_size != self.global_batch_size:
             raise ConfigError("checkpoint has global_batch_size %d but this run has %d; resume "
-                              "with the same global batch" % (B, self.global_batch_size))
+                              "with the same global batch"
+                              % (saved.global_batch_size, self.global_batch_size))
         if self._started:
             raise ConfigError("load_state_dict must be called before on_train_begin")
         self.epoch = saved.epoch
         self.cadence.forget_pending()
-        if saved.num_ranks == self.num_ranks:
-            if saved.max_batch_size is not None:  # memory caps learned from out-of-memory errors
-                self.controller.set_bounds(self.controller.lo,
-                                           self.controller.hi.clip(max=saved.max_batch_size))
-                self._cap = int(self.controller.hi[self.rank])
-
-            def fit(v):  # the bounds of this run may be narrower than the checkpoint's
-                return v if self.controller.valid(v) else self.controller.split(v)
-            self.schedule.restore(step, [(step, fit(sizes))] + [
-                (s, fit(v)) for s, v in saved.changes if s > step])
-            self.controller.load_state_dict(saved.controller)
-        else:
-            self.schedule.restore(step, [(step, list(self._options["initial_batch_sizes"]))])
-            self.controller.forget()
-            if self.rank == 0:
-                log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
-                         saved.num_ranks, self.num_ranks, self.batch_sizes)
+        same = restore(saved, self.controller, self.schedule, self._options.initial_batch_sizes)
+        self._cap = min(self._cap, int(self.controller.hi[self.rank]))
+        if not same and self.rank == 0:
+            log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
+                     saved.num_ranks, self.num_ranks, self.batch_sizes)
 
     # ---------------------------------------------- Horovod elastic (omnihvd.elastic)
     def _track(self, tracker):
@@ -780,8 +660,8 @@ class OmniLearnCallback:
             raise ConfigError("initial_batch_sizes fit one fixed world; under Horovod elastic "
                               "omnihvd splits B from each worker's measured throughput (equally "
                               "at the start): drop initial_batch_sizes")
-        for name, values in (("min_batch_size", self._options["min_batch_size"]),
-                             ("max_batch_size", self._options["max_batch_size"])):
+        for name, values in (("min_batch_size", self._options.min_batch_size),
+                             ("max_batch_size", self._options.max_batch_size)):
             if len(set(values)) > 1:
                 raise ConfigError("%s %r is a per-rank list, but Horovod elastic changes the "
                                   "ranks: pass one int for every worker" % (name, values))
@@ -834,7 +714,7 @@ class OmniLearnCallback:
         rank, size = hvd.rank(), hvd.size()
         comm = make_comm(None, rank=rank, size=size)
         c = self.controller
-        config = (self.global_batch_size, int(c.lo[0]), int(self._options["max_batch_size"][0]),
+        config = (self.global_batch_size, int(c.lo[0]), int(self._options.max_batch_size[0]),
                   c.size_multiple)
         report = world_report(config, self.step, self._meter.value(), self._cap, worker_label())
         world = agree_on_world(comm.allgather_object(report, name=JOIN_NAME))
@@ -844,9 +724,9 @@ class OmniLearnCallback:
                                settle_steps=self.cadence.settle_steps, timing=self.cadence.timing)
         self.schedule.rank, self.schedule.num_ranks = rank, size
         self.schedule.restore(world.step, [(world.step, world.batch_sizes)])
-        self._options.update(initial_batch_sizes=list(world.batch_sizes),
-                             min_batch_size=self.controller.lo.tolist(),
-                             max_batch_size=[config[2]] * size)
+        self._options = self._options._replace(
+            initial_batch_sizes=list(world.batch_sizes),
+            min_batch_size=self.controller.lo.tolist(), max_batch_size=[config[2]] * size)
         self.worlds.append(dict(world._asdict(), size=size, rank=rank))
         if rank == 0:
             log.info("omnihvd: %d workers from step %d (%s): batch sizes %s", size, world.step,

@@ -1,14 +1,17 @@
-"""Validation of the callback's checkpoint state (``OmniLearnCallback.state_dict``).
+"""The callback's checkpoint state (``OmniLearnCallback.state_dict``): validation
+(:func:`checked_state`) and how a checked state is put back (:func:`restore`).
 
 A checkpoint may come from another run, another version or a hand-edited file; a
 wrong field must stop the resume with a message naming it, never start training
-at a split that does not sum to the global batch. Pure Python.
+at a split that does not sum to the global batch. Pure Python and numpy.
 """
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+from .caps import tighten_caps
+from .checks import check_int
 from .errors import ConfigError
 
-__all__ = ["CallbackState", "checked_state"]
+__all__ = ["CallbackState", "checked_state", "restore"]
 
 
 class CallbackState(NamedTuple):
@@ -29,9 +32,7 @@ def _bad(what):
 
 
 def _whole(key, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad("%s must be an int >= %d, got %r" % (key, minimum, value))
-    return value
+    return check_int(key, value, minimum, where="not a valid OmniLearnCallback state_dict: ")
 
 
 def _split(key, value, width):
@@ -75,3 +76,36 @@ def checked_state(state) -> CallbackState:
     if caps is not None:
         caps = _split("max_batch_size", caps, n)
     return CallbackState(B, n, step, epoch, sizes, changes, caps, state.get("controller", {}))
+
+
+def restore(saved: CallbackState, controller, schedule,
+            initial_batch_sizes: Sequence[int]) -> bool:
+    """Put a checked state into the callback's ``controller`` and ``schedule``.
+
+    Every rank calls it with the same state, so every rank resumes alike. From as
+    many ranks, the memory caps are applied, the sizes in effect and the changes
+    scheduled after the checkpoint's step are kept (re-split where this run's bounds
+    exclude them) and the time-model history is loaded. From another number of
+    ranks, ``initial_batch_sizes`` hold from that step on and the history is dropped.
+
+    Returns:
+        bool: whether the checkpoint came from the same number of ranks.
+
+    Raises:
+        InfeasibleError: the checkpoint's caps cannot hold the global batch.
+        ConfigError: a malformed controller history.
+    """
+    step = saved.step
+    if saved.num_ranks != controller.num_ranks:
+        schedule.restore(step, [(step, list(initial_batch_sizes))])
+        controller.forget()
+        return False
+    if saved.max_batch_size is not None:  # memory caps learned from out-of-memory errors
+        tighten_caps(controller, saved.max_batch_size)
+
+    def fit(sizes):  # the bounds of this run may be narrower than the checkpoint's
+        return sizes if controller.valid(sizes) else controller.split(sizes)
+    schedule.restore(step, [(step, fit(saved.batch_sizes))] + [
+        (s, fit(v)) for s, v in saved.changes if s > step])
+    controller.load_state_dict(saved.controller)
+    return True

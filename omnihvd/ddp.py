@@ -69,6 +69,7 @@ from typing import List, Optional
 from .callback import OmniLearnCallback
 from .comm import TorchDistComm
 from .errors import ConfigError
+from .options import option_values
 from .timing import DEFAULT_SUMMARY
 from .weighting import GradientWeight
 
@@ -182,22 +183,15 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             raise ConfigError("torch.distributed is not initialised: call "
                               "dist.init_process_group('gloo' or 'nccl') before creating "
                               "DDPOmniLearnCallback (torchrun sets its environment)")
-        # A DDP model's group; the default group otherwise, so that the check of the
-        # model below fails on every rank together.
-        group = getattr(model, "process_group", None)
-        self._comm = TorchDistComm(group)
-        self.rank, self.num_ranks = self._comm.rank, self._comm.size
         self._hook_state: Optional[WeightedAllreduceState] = None
         self._warned_no_bucket = False
-        self._configure_everywhere(model, None, global_batch_size, initial_batch_sizes,
-                                   min_batch_size, max_batch_size, deadband, gain,
-                                   adjust_every, policy, settle_steps, timing, nonblocking,
-                                   size_multiple, loss_reduction, history_size,
-                                   device_sync, cpu_quota)
-        self._enable_abort(self.num_ranks > 1 if abort_on_exception is None
-                           else abort_on_exception)
+        # A DDP model's group; the default group otherwise, so that the check of the
+        # model fails on every rank together.
+        comm = TorchDistComm(getattr(model, "process_group", None))
+        self._start(comm, model, None, option_values(locals()),
+                    comm.size > 1 if abort_on_exception is None else abort_on_exception)
 
-    # ------------------------------------------------------------ backend seams
+    # ------------------------------------------- backend seams (OmniLearnCallback's)
     def _check_backend(self, model, optimizer) -> bool:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -228,7 +222,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         # DDP takes one comm hook per model, for good: register it on the first
         # on_train_begin and only switch its timing mark on and off afterwards.
         if self._hook_state is None:
-            state = WeightedAllreduceState(self._model.process_group, self._weight)
+            state = WeightedAllreduceState(self._model.process_group, self._gradient_weight)
             self._model.register_comm_hook(state, weighted_allreduce_hook)
             self._hook_state = state
         self._hook_state.on_last_bucket = self._on_last_bucket
@@ -245,10 +239,10 @@ class DDPOmniLearnCallback(OmniLearnCallback):
     # --------------------------------------------------------------- hooks
     def on_batch_end(self, batch=None, logs=None):
         """Record the step's local time; gather, decide and schedule when due."""
-        if self._timer.running:
+        if self._timing_open():
             # No last bucket reached the hook (model.no_sync(), or no backward): the
             # interval has no boundary, so it is not used.
-            self._drop_sample = True
+            self._discard_step_time()
             if not self._warned_no_bucket:
                 self._warned_no_bucket = True
                 log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "

@@ -28,6 +28,7 @@ import os
 import sys
 import traceback
 
+from .checks import check_int
 from .errors import ConfigError
 
 __all__ = ["AbortHandle", "abort_job", "abort_message", "fail_job", "install_abort_on_exception"]
@@ -61,9 +62,7 @@ def abort_job(exit_code=1, comm=None):
 
 
 def _check_exit_code(exit_code):
-    if isinstance(exit_code, bool) or not isinstance(exit_code, int) or not 1 <= exit_code <= 255:
-        raise ConfigError("exit_code must be an int in 1..255 (non-zero, so the job fails), "
-                          "got %r" % (exit_code,))
+    check_int("exit_code", exit_code, 1, "non-zero, so the job fails", maximum=255)
 
 
 def _initialized_mpi():
@@ -227,8 +226,7 @@ def install_abort_on_exception(rank, *, exit_code=1, abort=None, stream=None):
         train()              # an exception on any rank now ends all ranks
         handle.remove()
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ConfigError("rank must be an int >= 0 (pass hvd.rank()), got %r" % (rank,))
+    check_int("rank", rank, 0, "pass hvd.rank()")
     _check_exit_code(exit_code)
     if abort is None:
         abort = abort_job

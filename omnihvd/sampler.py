@@ -40,6 +40,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils.data import Sampler
 
+from .checks import check_flag, check_int
 from .errors import ConfigError
 from .schedule import BatchSchedule, StaticSchedule
 
@@ -81,16 +82,11 @@ class HeterogeneousBatchSampler(Sampler):
                                          "issue") if not hasattr(schedule, name)]
             raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
                               % (", ".join(missing), type(schedule).__name__))
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ConfigError("num_samples must be a positive int (len(dataset)), got %r"
-                              % (num_samples,))
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 62:
-            raise ConfigError("seed must be an int in [0, 2**62) (the same on every rank), got %r"
-                              % (seed,))
+        check_int("num_samples", num_samples, 1, "len(dataset)")
+        check_int("seed", seed, 0, "the same on every rank", maximum=2 ** 62 - 1)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
                            ("train", True if train is None else train)):
-            if not isinstance(flag, bool):
-                raise ConfigError("%s must be True or False, got %r" % (name, flag))
+            check_flag(name, flag)
         if num_samples < schedule.global_batch_size:
             raise ConfigError("the dataset has %d samples, fewer than global_batch_size %d: not "
                               "even one step fits; lower global_batch_size"
@@ -132,8 +128,7 @@ class HeterogeneousBatchSampler(Sampler):
     # --------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int):
         """Choose the epoch's permutation. Keeps a resume position only for its own epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError("epoch must be an int >= 0, got %r" % (epoch,))
+        check_int("epoch", epoch, 0)
         if epoch != self.epoch:
             self._resume_step = 0
         self.epoch = epoch
@@ -197,9 +192,7 @@ class HeterogeneousBatchSampler(Sampler):
                                   % (key, state[key], getattr(self, key)))
         step, epoch = state.get("step_in_epoch"), state.get("epoch")
         for key, value in (("step_in_epoch", step), ("epoch", epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError("not a HeterogeneousBatchSampler state_dict: %s must be an int "
-                                  ">= 0, got %r" % (key, value))
+            check_int(key, value, 0, where="not a HeterogeneousBatchSampler state_dict: ")
         if not 0 <= step <= self.steps_per_epoch:
             raise ConfigError("sampler checkpoint position %d is outside the epoch (0..%d)"
                               % (step, self.steps_per_epoch))

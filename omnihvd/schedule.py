@@ -7,15 +7,16 @@ sampler already handed out for steps not yet run, and the step counter the sampl
 reads. Pure Python: no torch, horovod or mpi4py.
 
 :class:`BatchSchedule` is the protocol a sampler depends on;
-:class:`~omnihvd.OmniLearnCallback` (through its :class:`SizeSchedule`) and
-:class:`StaticSchedule` implement it.
+:class:`~omnihvd.OmniLearnCallback` (through its :class:`SizeSchedule`, which
+:class:`ScheduledSizes` exposes) and :class:`StaticSchedule` implement it.
 """
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
+from .checks import check_int
 from .controller import apportion
 from .errors import ConfigError
 
-__all__ = ["BatchSchedule", "SizeSchedule", "StaticSchedule"]
+__all__ = ["BatchSchedule", "SizeSchedule", "ScheduledSizes", "StaticSchedule"]
 
 
 @runtime_checkable
@@ -128,6 +129,10 @@ class SizeSchedule:
         self.samplers.append(sampler)
         return bool(train)
 
+    def can_split(self, total: int) -> bool:
+        """Whether a partial step of ``total`` samples fits the bounds now."""
+        return self._partial(self.batch_sizes_at(self.step), total) is not None
+
     @property
     def handed_out(self) -> bool:
         """Whether a sampler already handed out the step about to run."""
@@ -173,6 +178,66 @@ class SizeSchedule:
             del self._changes[0]
 
 
+class ScheduledSizes:
+    """The :class:`BatchSchedule` protocol and the size properties of an object that
+    keeps its sizes in a :class:`SizeSchedule` (``self.schedule``) and has ``rank``:
+    what :class:`~omnihvd.OmniLearnCallback` shows its samplers and its users."""
+
+    schedule: SizeSchedule
+    rank: int
+
+    @property
+    def step(self) -> int:
+        """Steps completed so far (global, across epochs)."""
+        return self.schedule.step
+
+    @property
+    def current_step(self) -> int:
+        """Steps completed so far (the index of the step about to run)."""
+        return self.schedule.step
+
+    @property
+    def batch_sizes(self) -> List[int]:
+        """Every rank's current batch size (the same list on every rank); sums to B."""
+        return self.schedule.batch_sizes_at(self.schedule.step)
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's current batch size, b_i."""
+        return self.batch_sizes[self.rank]
+
+    def batch_sizes_at(self, step: int) -> List[int]:
+        """All ranks' sizes for global step ``step`` as scheduled now."""
+        return self.schedule.batch_sizes_at(step)
+
+    def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
+        """Sizes of global step ``step`` holding ``total`` samples (called by the sampler).
+
+        A partial step (``total < B``) is split within the bounds, or None when no
+        split fits (the sampler then drops it). ``record=False`` (evaluation
+        samplers) leaves the schedule untouched.
+        """
+        return self.schedule.issue(step, total, record)
+
+    def can_split(self, total: int) -> bool:
+        """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
+        return self.schedule.can_split(total)
+
+    def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
+        """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
+        seed, shuffle and drop_last join the cross-rank check at ``on_train_begin``
+        (ranks with different seeds would silently repeat and skip samples).
+
+        Returns whether the sampler drives the schedule (its steps are the training
+        steps): ``train``, or by default True for the first sampler only. Others (a
+        validation loader) read the current sizes and record nothing.
+
+        Raises:
+            ConfigError: a second sampler asks for ``train=True``.
+        """
+        return self.schedule.register_sampler(sampler, train)
+
+
 class StaticSchedule:
     """A schedule with fixed sizes, for one rank of a simulated or static world.
 
@@ -186,8 +251,7 @@ class StaticSchedule:
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
             raise ConfigError("batch_sizes must be a non-empty list of ints >= 1, got %r"
                               % (batch_sizes,))
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(batch_sizes):
-            raise ConfigError("rank must be an int in [0, %d), got %r" % (len(batch_sizes), rank))
+        check_int("rank", rank, 0, maximum=len(batch_sizes) - 1)
         self.batch_sizes = list(batch_sizes)
         self.rank = rank
         self.num_ranks = len(self.batch_sizes)

@@ -37,6 +37,7 @@ from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from .checks import check_choice, check_int
 from .errors import ConfigError
 
 __all__ = ["StepTimer", "TimedIterable", "TimingWindow", "robust_step_time",
@@ -50,8 +51,7 @@ RARE_FRACTION = 0.1
 
 
 def _check_method(method):
-    if method not in SUMMARIES:
-        raise ConfigError("timing summary must be one of %s, got %r" % (SUMMARIES, method))
+    check_choice("timing summary", method, SUMMARIES)
 
 
 def _valid(samples) -> np.ndarray:
@@ -200,8 +200,7 @@ class TimingWindow:
     """
 
     def __init__(self, settle_steps: int = 1, method: str = DEFAULT_SUMMARY):
-        if isinstance(settle_steps, bool) or not isinstance(settle_steps, int) or settle_steps < 0:
-            raise ConfigError("settle_steps must be an int >= 0, got %r" % (settle_steps,))
+        check_int("settle_steps", settle_steps, 0)
         _check_method(method)
         self.settle_steps = settle_steps
         self.method = method

@@ -20,6 +20,7 @@ import math
 from typing import List, Optional
 
 from ..cadence import Cadence, close_window
+from ..checks import check_choice, check_int
 from ..controller import Controller, initial_split
 from ..errors import ConfigError
 from ..timing import DEFAULT_SUMMARY, TimingWindow
@@ -45,8 +46,7 @@ def staleness_scale(staleness: int, num_workers: int, mode: Optional[str] = None
     >>> [staleness_scale(t, 4, "inverse") for t in (0, 3, 6, 30)]
     [1.0, 1.0, 0.5, 0.1]
     """
-    if mode not in STALENESS_LR_MODES:
-        raise ConfigError("staleness_lr must be one of %s, got %r" % (STALENESS_LR_MODES, mode))
+    check_choice("staleness_lr", mode, STALENESS_LR_MODES)
     if staleness < 0:
         raise ConfigError("staleness must be >= 0, got %r" % (staleness,))
     if mode is None:
@@ -93,9 +93,7 @@ class IntervalBalancer:
         self.controller = Controller(num_workers, global_batch_size, policy=policy, gain=gain,
                                      deadband=deadband, min_batch_size=min_batch_size,
                                      max_batch_size=max_batch_size, history=history)
-        if isinstance(adjust_every, bool) or not isinstance(adjust_every, int) or adjust_every < 1:
-            raise ConfigError("adjust_every must be an int >= 1 (rounds of one update per "
-                              "worker), got %r" % (adjust_every,))
+        check_int("adjust_every", adjust_every, 1, "rounds of one update per worker")
         self.num_workers = num_workers
         self.global_batch_size = global_batch_size
         self.balance = bool(balance)

@@ -35,6 +35,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..checks import check_int, check_number
 from ..errors import ConfigError, RankMismatchError
 from ..faults import fail_job
 from ..timing import DEFAULT_SUMMARY
@@ -113,16 +114,13 @@ class AsyncOmniLearnCallback:
                        model_layout=self.layout, model_numel=self.numel, model_dtypes=dtypes)
         self._check_agreement(options)
         # From here on every rank holds the same options, so it reaches the same verdict.
-        if isinstance(num_servers, bool) or not isinstance(num_servers, int) or not (
-                1 <= num_servers < self.size):
-            raise ConfigError("num_servers must be an int in 1..%d (at least one of the %d ranks "
-                              "must be a worker), got %r" % (self.size - 1, self.size, num_servers))
+        check_int("num_servers", num_servers, 1, "at least one of the %d ranks must be a "
+                  "worker" % self.size, maximum=self.size - 1)
         if dtypes != ["torch.float32"]:
             raise ConfigError("asynchronous mode supports float32 parameters only; the model "
                               "has %s (call model.float())" % dtypes)
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigError("%s must be a number >= 0, got %r" % (name, value))
+            check_number(name, value, 0)
         self.num_servers = num_servers
         self.servers = list(range(num_servers))
         self.workers = list(range(num_servers, self.size))
@@ -267,11 +265,8 @@ class AsyncOmniLearnCallback:
             self._need(True, "on_batch_end")
             if not self._begun:
                 raise ConfigError("on_batch_end() before on_train_begin() on rank %d" % self.rank)
-            used = (logs or {}).get("size", self.batch_size)
-            if isinstance(used, bool) or not isinstance(used, (int, np.integer)) or used < 1:
-                raise ConfigError("logs['size'] must be an int >= 1 (the samples of this batch), "
-                                  "got %r on rank %d" % (used, self.rank))
-            used = int(used)
+            used = check_int("logs['size']", (logs or {}).get("size", self.batch_size), 1,
+                             "the samples of this batch", where="rank %d: " % self.rank)
             flat, size = self._client.push(self._flat_grads(), used)
             self._load(flat)
             self.history.append({"step": self.step, "batch_size": used, "next_batch_size": size,

@@ -12,7 +12,7 @@ from typing import Iterator, List
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..checks import check_int
 
 __all__ = ["AsyncBatchSampler"]
 
@@ -39,10 +39,8 @@ class AsyncBatchSampler:
     """
 
     def __init__(self, dataset_len: int, callback, seed: int = 0, drop_last: bool = True):
-        if isinstance(dataset_len, bool) or not isinstance(dataset_len, int) or dataset_len < 1:
-            raise ConfigError("dataset_len must be an int >= 1, got %r" % (dataset_len,))
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError("seed must be an int >= 0, got %r" % (seed,))
+        check_int("dataset_len", dataset_len, 1)
+        check_int("seed", seed, 0)
         self.dataset_len = dataset_len
         self.callback = callback
         self.seed = seed
@@ -61,10 +59,8 @@ class AsyncBatchSampler:
 
     def _size(self) -> int:
         size = self.callback.batch_size
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ConfigError("the callback's batch_size must be an int >= 1, got %r (is this a "
-                              "server rank?)" % (size,))
-        return int(size)
+        # None on a server rank: it has no batches to take
+        return check_int("batch_size", size, 1, where="the callback's ")
 
     def __iter__(self) -> Iterator[List[int]]:
         order = self.order()

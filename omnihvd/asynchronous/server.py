@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..checks import check_number
 from ..errors import ConfigError
 from .balance import IntervalBalancer, staleness_scale
 from .protocol import (DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, Message, ProtocolError,
@@ -74,8 +75,7 @@ class ServerCore:
                  staleness_lr: Optional[str] = None, layout: int = 0,
                  balancer: Optional[IntervalBalancer] = None, clock=time.monotonic):
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigError("%s must be a number >= 0, got %r" % (name, value))
+            check_number(name, value, 0)
         if not worker_ranks:
             raise ConfigError("the parameter server needs at least one worker rank")
         staleness_scale(0, len(worker_ranks), staleness_lr)  # validates the mode

@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..checks import check_int
 from ..errors import ConfigError
 from .protocol import DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, Message, ProtocolError, encode
 
@@ -96,9 +97,7 @@ class WorkerClient:
         if grad.dtype != np.float32 or grad.shape != (self.numel,):
             raise ConfigError("worker rank %d: gradient must be a flat float32 array of %d "
                               "elements, got %s %s" % (self.rank, self.numel, grad.dtype, grad.shape))
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ConfigError("worker rank %d: batch_size must be an int >= 1, got %r"
-                              % (self.rank, batch_size))
+        check_int("batch_size", batch_size, 1, where="worker rank %d: " % self.rank)
         now = time.perf_counter()
         interval_us = int(round((now - self._last_send) * 1e6)) if self._last_send else 0
         for s, server in enumerate(self.servers):

@@ -72,7 +72,7 @@ DYNAMIC_SCHEDULE = tuple(name.lower() for name in DYNAMIC_LEVELS)
 PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
 
 # Float64 fields each rank contributes to the callback's timing allgather.
-from ..callback import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
+from ..payload import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
 
 
 @dataclass

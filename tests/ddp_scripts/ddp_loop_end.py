@@ -11,6 +11,7 @@ Usage: ddp_loop_end.py SHAPE STEPS ADJUST_EVERY
                        in the last step
          blocking      no_train_end with nonblocking=False
 """
+import os
 import sys
 
 sys.modules["horovod"] = None  # the DDP path must not need Horovod
@@ -20,6 +21,9 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import loop_shapes  # noqa: E402  (tests/loop_shapes.py, shared with the mpirun script)
+
 import omnihvd  # noqa: E402
 
 shape, steps, adjust_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -27,11 +31,8 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
 B = 8 * size
-N = B * steps
-gen = torch.Generator().manual_seed(0)
-dataset = torch.utils.data.TensorDataset(torch.randn(N, 4, generator=gen),
-                                         torch.randn(N, generator=gen))
-per_sample = 0.0002 * (1 + rank)  # rank r is (r+1) times slower per sample
+dataset = loop_shapes.dataset(B, steps)
+per_sample = loop_shapes.per_sample_seconds(rank)
 
 
 class Slow(torch.nn.Linear):
@@ -47,18 +48,6 @@ cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=B, adjust_every=adjus
                                   nonblocking=(shape != "blocking"))
 sampler = omnihvd.HeterogeneousBatchSampler(len(dataset), cb, seed=0)
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
-cb.on_train_begin()
-for epoch in range(1):
-    sampler.set_epoch(epoch)
-    cb.on_epoch_begin(epoch)
-    for i, (x, y) in enumerate(loader):
-        cb.on_batch_begin()
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
-        opt.step()
-        if shape == "slow_end" and rank == 0 and i == steps - 1:
-            time.sleep(0.2)
-        cb.on_batch_end()
-    cb.on_epoch_end(epoch)
+loop_shapes.train(cb, sampler, loader, model, opt, shape=shape, steps=steps, rank=rank)
 sys.stdout.write("rank %d LOOP-END-OK steps %d sizes %s\n" % (rank, cb.step, cb.batch_sizes))
 sys.stdout.flush()

@@ -13,13 +13,17 @@ Usage: loop_end.py SHAPE STEPS ADJUST_EVERY
                         in the last step (logging, metrics, a checkpoint)
          blocking       no_train_end with nonblocking=False
 """
+import os
 import sys
 import time
 
 import torch
 import horovod.torch as hvd
 
-import omnihvd
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import loop_shapes  # noqa: E402  (tests/loop_shapes.py, shared with the DDP script)
+
+import omnihvd  # noqa: E402
 
 shape, steps, adjust_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(1)
@@ -27,10 +31,7 @@ hvd.init()
 rank, size = hvd.rank(), hvd.size()
 
 B = 8 * size
-N = B * steps
-gen = torch.Generator().manual_seed(0)
-dataset = torch.utils.data.TensorDataset(torch.randn(N, 4, generator=gen),
-                                         torch.randn(N, generator=gen))
+dataset = loop_shapes.dataset(B, steps)
 torch.manual_seed(1)
 model = torch.nn.Linear(4, 1)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -39,24 +40,10 @@ cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adj
                                nonblocking=(shape != "blocking"))
 sampler = omnihvd.HeterogeneousBatchSampler(len(dataset), cb, seed=0)
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
-per_sample = 0.0002 * (1 + rank)  # rank r is (r+1) times slower per sample
+per_sample = loop_shapes.per_sample_seconds(rank)
 
-cb.on_train_begin()
-for epoch in range(1):
-    sampler.set_epoch(epoch)
-    cb.on_epoch_begin(epoch)
-    for i, (x, y) in enumerate(loader):
-        if shape == "break" and i == steps // 2 + 1:
-            break
-        cb.on_batch_begin()
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
-        time.sleep(per_sample * len(x))
-        opt.step()
-        if shape == "slow_end" and rank == 0 and i == steps - 1:
-            time.sleep(0.2)
-        cb.on_batch_end()
-    cb.on_epoch_end(epoch)
+loop_shapes.train(cb, sampler, loader, model, opt, shape=shape, steps=steps, rank=rank,
+                  before_step=lambda samples: time.sleep(per_sample * samples))
 if shape == "train_end":
     cb.on_train_end()
 if shape == "late_last" and rank == size - 1:

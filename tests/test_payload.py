@@ -1,0 +1,56 @@
+"""The adjustment gather's payload (omnihvd.payload): one row per rank, read back the
+same on every rank. Pure, single process."""
+import math
+
+import numpy as np
+import pytest
+
+from omnihvd import payload
+from omnihvd.cadence import Measurement
+from omnihvd.errors import RankMismatchError
+from omnihvd.payload import PAYLOAD_FIELDS, digest, payload_row, read_gathered
+
+pytestmark = pytest.mark.unit
+
+
+def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
+    n = len(sizes)
+    rows = [payload_row(Measurement(time=times[r], error=(errors or [0.0] * n)[r],
+                                    count=(counts or [5] * n)[r]),
+                        sizes, r, (lookaheads or [0] * n)[r], (caps or [sum(sizes)] * n)[r])
+            for r in range(n)]
+    return np.array(rows, dtype=np.float64)
+
+
+def test_a_row_has_the_seven_columns_in_order():
+    row = payload_row(Measurement(time=0.25, error=0.01, count=9), [10, 30], 1, 2, 28)
+    assert len(row) == PAYLOAD_FIELDS == 7
+    assert row[payload.TIME] == 0.25 and row[payload.COUNT] == 9 and row[payload.ERROR] == 0.01
+    assert row[payload.SIZE] == 30 and row[payload.AHEAD] == 2 and row[payload.CAP] == 28
+    assert row[payload.DIGEST] == digest([10, 30])
+
+
+def test_reading_the_gathered_matrix_gives_every_column_back():
+    got = read_gathered(matrix([10, 20, 30], [0.1, 0.2, math.nan], lookaheads=[0, 3, 1],
+                               caps=[60, 17, 60], counts=[4, 5, 0], errors=[0.01, 0.02, 0.0]),
+                        step=9)
+    assert got.sizes == [10, 20, 30] and all(type(b) is int for b in got.sizes)
+    assert got.times[:2].tolist() == [0.1, 0.2] and math.isnan(got.times[2])
+    assert got.counts.tolist() == [4, 5, 0] and got.errors.tolist() == [0.01, 0.02, 0.0]
+    assert got.caps.tolist() == [60, 17, 60] and got.caps.dtype == np.int64
+    assert got.lookahead == 3  # the deepest prefetch of any rank
+
+
+def test_ranks_that_disagree_on_the_sizes_stop_every_rank():
+    m = matrix([10, 20, 30], [0.1, 0.2, 0.3])
+    m[2, payload.DIGEST] = digest([10, 20, 31])
+    with pytest.raises(RankMismatchError, match="disagree on the current batch sizes at step 7"):
+        read_gathered(m, step=7)
+
+
+def test_the_digest_is_exact_in_float64_and_tells_splits_apart():
+    splits = [[16, 16], [15, 17], [17, 15], [1, 31], [160, 16], [16, 160]]
+    values = [digest(s) for s in splits]
+    assert len(set(values)) == len(splits)
+    assert all(v == int(v) and 0 <= v < 2 ** 32 for v in values)  # crc32: exact as a float
+    assert digest(np.array([16, 16])) == digest([16, 16])
