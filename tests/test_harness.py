@@ -166,9 +166,9 @@ def test_an_explicit_end_runs_on_batch_end_once_and_code_after_it_sees_it():
             body(calls, step)
             step.end()
             step.end()   # idempotent
-            calls.append(("after", step.index, step.ended))
+            calls.append(("after", step.index, step.ended, run.step))
     assert calls.count(("cb.on_batch_end",)) == 2
-    assert calls[calls.index(("cb.on_batch_end",)) + 1] == ("after", 0, True)
+    assert calls[calls.index(("cb.on_batch_end",)) + 1] == ("after", 0, True, 1)
 
 
 def test_a_resumed_run_starts_at_its_step_and_epoch_and_skips_an_empty_resumed_epoch():

@@ -104,6 +104,7 @@ class Step:
         if self._run.callback is not None:
             self._run.callback.on_batch_end()
         self.t_end = self._run._clock = time.perf_counter()
+        self._run.step += 1
 
     @property
     def hook_s(self) -> float:
@@ -127,7 +128,8 @@ class Run:
     """The loop of :func:`steps`: a context manager to iterate over once.
 
     Attributes:
-        step: the index of the next step to run (``first_step`` plus the steps run).
+        step: steps complete, counted from 0 (``first_step`` plus the steps ended in this
+            run): after :meth:`Step.end`, the index of the next step.
         epoch: the current (or, after the loop, the last) epoch.
         finished: the loop reached ``max_steps`` or ``stop`` (not a break).
     """
@@ -211,7 +213,6 @@ class Run:
                     self.emulator.start(step.index)
                 yield step
                 step.end()
-                self.step += 1
                 ran += 1
                 # stop is asked once per step: it may run a collective (agreeing on it)
                 if self._reached() or (self.stop_when is not None and self.stop_when(step)):
