@@ -31,9 +31,9 @@ The loop ends after ``max_steps`` steps or when ``stop`` says so, always between
 complete steps and after the epoch's end, so every rank runs the same steps (and
 collectives) when ``stop`` returns the same on every rank. A ``break`` in the body
 abandons the current step (no ``on_batch_end``) and still ends the epoch and the run.
-An exception calls no further hook: it leaves the with block untouched, so the
-callback's abort-on-exception sees it with its hooks in place and ends the whole job
-(removing them first, as ``on_train_end`` does, would leave the other ranks waiting).
+An exception calls no further hook (as in Keras): it leaves the with block with the
+callback as it was, so the callback's abort-on-exception handler, which
+``on_train_end`` would remove, still ends the whole job with this rank named.
 """
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional
