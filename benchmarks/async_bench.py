@@ -88,7 +88,7 @@ def run_async(args):
     import torch.nn.functional as F
     from mpi4py import MPI
 
-    from omnihvd.tools import emulate
+    from omnihvd.tools import emulate, harness
     from omnihvd.asynchronous import AsyncBatchSampler, AsyncOmniLearnCallback, summarize_staleness
     from omnihvd.tools.data import load_fashion_mnist
 
@@ -112,27 +112,18 @@ def run_async(args):
         if cb.is_server:
             report = cb.serve()
         else:
-            cb.on_train_begin()
-            epoch, samples, stop = 0, 0, False
-            while not stop:
-                sampler.set_epoch(epoch)
-                cb.on_epoch_begin(epoch)
-                for idx in sampler:
-                    cb.on_batch_begin()
-                    emu.start()
-                    idx = torch.as_tensor(idx)
+            samples = 0
+            def late(step):  # each worker stops on its own clock: no agreement needed
+                return time.perf_counter() - start >= args.budget
+
+            with harness.steps(cb, sampler, emulator=emu, stop=late) as run:
+                for step in run:
+                    idx = torch.as_tensor(step.batch)
                     model.zero_grad()
                     F.cross_entropy(model(x[idx]), y[idx]).backward()
-                    emu.finish(len(idx))
-                    cb.on_batch_end()
-                    samples += len(idx)
-                    if time.perf_counter() - start >= args.budget:
-                        stop = True
-                        break
-                cb.on_epoch_end(epoch)
-                epoch += 1
-            trained = time.perf_counter() - start
-            cb.on_train_end()
+                    step.compute_done()
+                    samples += step.size   # the loop's cb.on_batch_end() pushes the gradient
+                trained = time.perf_counter() - start
             mine = {"pushes": cb.step, "samples": samples, "train_s": trained,
                     "emu": emu.stats(), "sizes": [h["batch_size"] for h in cb.history]}
             if cb.worker_index == 0:
@@ -168,7 +159,7 @@ def run_sync(args):
     import torch.nn.functional as F
 
     import omnihvd
-    from omnihvd.tools import emulate
+    from omnihvd.tools import emulate, harness
     from omnihvd.tools.data import load_fashion_mnist
 
     hvd.init()
@@ -185,32 +176,26 @@ def run_sync(args):
     x, y = load_fashion_mnist("train")
     sampler = omnihvd.HeterogeneousBatchSampler(len(x), cb, seed=args.seed)
     emu = emulate.Emulator(args.level, hvd.rank(), sample_cost=args.sample_cost)
-    cb.on_train_begin()
-    hvd.allreduce(torch.zeros(1), name="start")
-    start = time.perf_counter()
-    epoch, steps, samples, stop = 0, 0, 0, False
-    while not stop:
-        sampler.set_epoch(epoch)
-        cb.on_epoch_begin(epoch)
-        for idx in sampler:
-            cb.on_batch_begin()
-            emu.start(steps)
-            idx = torch.as_tensor(idx)
+
+    def stop(step):  # every rank must stop at the same step: agree on it every 5 steps
+        if (step.index + 1) % 5:
+            return False
+        late = float(time.perf_counter() - start >= args.budget)
+        return hvd.allreduce(torch.tensor([late]), op=hvd.Max, name="stop").item() > 0
+
+    samples = 0
+    with harness.steps(cb, sampler, emulator=emu, stop=stop) as run:
+        hvd.allreduce(torch.zeros(1), name="start")
+        start = time.perf_counter()
+        for step in run:
+            idx = torch.as_tensor(step.batch)
             opt.zero_grad()
             F.cross_entropy(model(x[idx]), y[idx]).backward()
-            emu.finish(len(idx))
+            step.compute_done()
             opt.step()
-            cb.on_batch_end()
-            steps += 1
-            samples += len(idx)
-            if steps % 5 == 0:  # every rank must stop at the same step: agree on it
-                late = float(time.perf_counter() - start >= args.budget)
-                if hvd.allreduce(torch.tensor([late]), op=hvd.Max, name="stop").item() > 0:
-                    stop = True
-                    break
-        cb.on_epoch_end(epoch)
-        epoch += 1
-    trained = time.perf_counter() - start
+            samples += step.size
+        trained = time.perf_counter() - start
+    steps = run.step
     mine = {"samples": samples, "emu": emu.stats(), "sizes": list(cb.batch_sizes)}
     gathered = hvd.allgather_object(mine)
     if hvd.rank() == 0:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import horovod.torch as hvd
-from omnihvd.tools import emulate, telemetry
+from omnihvd.tools import emulate, harness, telemetry
 from omnihvd.tools.data import load_fashion_mnist
 from omnihvd.tools.models import build_model
 
@@ -157,17 +157,12 @@ class Bench:
                                op=hvd.Sum, name="eval_counts")
         return float(counts[0] / counts[1])
 
-    def batches(self, sampler, epoch):
-        """This rank's index batches for one epoch: omnihvd's sampler, or plain Horovod's
-        equal shards (``sampler`` None)."""
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-            return iter(sampler)
+    def plain_batches(self):
+        """Plain Horovod's equal shards: (the sampler to set_epoch, its index batches)."""
         shard = torch.utils.data.DistributedSampler(
             range(len(self.x)), num_replicas=self.size, rank=self.rank, shuffle=True,
             seed=self.args.seed, drop_last=True)
-        shard.set_epoch(epoch)
-        return iter(torch.utils.data.BatchSampler(shard, self.B // self.size, drop_last=True))
+        return shard, torch.utils.data.BatchSampler(shard, self.B // self.size, drop_last=True)
 
     # ---------------------------------------------------------------- one run
 
@@ -182,65 +177,42 @@ class Bench:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        cb = sampler = None
+        cb = None
         if variant != "plain":
             if not hasattr(omnihvd, "OmniLearnCallback"):
                 raise SystemExit("omnihvd.OmniLearnCallback is missing: this omnihvd cannot run "
                                  "the %r variant; use --variants plain" % variant)
             cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=self.B,
                                            **self.callback_options(variant))
-            sampler = omnihvd.HeterogeneousBatchSampler(len(self.x), cb, seed=seed)
-            cb.on_train_begin()
+            sampler = batches = omnihvd.HeterogeneousBatchSampler(len(self.x), cb, seed=seed)
+        else:
+            sampler, batches = self.plain_batches()
         emu = self.emulator(schedule)
         bar = telemetry.ProgressBar(steps, label, enabled=self.show)
         sizes, local, hooks, step_s, clock, evals = [], [], [], [], [], []
-        hvd.allreduce(torch.zeros(1), name="barrier")
-        train_time, step, epoch = 0.0, 0, 0
-        last = time.perf_counter()
-        while step < steps:
-            batches = self.batches(sampler, epoch)
-            if cb is not None:
-                cb.on_epoch_begin(epoch)
-            finished_epoch = True
-            for idx in batches:
-                if step >= steps:
-                    finished_epoch = False
-                    break
-                h0 = time.perf_counter()
-                if cb is not None:
-                    cb.on_batch_begin()
-                h1 = time.perf_counter()
-                if emu is not None:
-                    emu.start(step)
-                idx = torch.as_tensor(idx)
+        train_time = 0.0
+        with harness.steps(cb, sampler, batches, max_steps=steps, emulator=emu) as run:
+            hvd.allreduce(torch.zeros(1), name="barrier")
+            for step in run:
+                idx = torch.as_tensor(step.batch)
                 opt.zero_grad()
                 F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()
-                if emu is not None:
-                    emu.finish(len(idx))
-                h2 = time.perf_counter()
+                step.compute_done()
                 opt.step()
-                h3 = time.perf_counter()
-                if cb is not None:
-                    cb.on_batch_end()
-                h4 = time.perf_counter()
-                sizes.append(len(idx))
-                local.append(h2 - h1)
-                hooks.append((h1 - h0) + (h4 - h3))
-                step_s.append(h4 - last)
-                train_time += h4 - last
+                step.end()
+                sizes.append(step.size)
+                local.append(step.local_s)
+                hooks.append(step.hook_s)
+                step_s.append(step.step_s)
+                train_time += step.step_s
                 clock.append(train_time)
-                step += 1
-                last = h4
-                if eval_every and (step % eval_every == 0 or step == steps):
-                    evals.append({"step": step, "t": train_time, "accuracy": self.evaluate(model)})
-                    last = time.perf_counter()   # evaluation time is not training time
+                if eval_every and (run.step % eval_every == 0 or run.step == steps):
+                    evals.append({"step": run.step, "t": train_time,
+                                  "accuracy": self.evaluate(model)})
+                    run.restart_clock()   # evaluation time is not training time
                 bar.update(step_s=float(np.median(step_s[-20:])),
                            **({"acc": "%.3f" % evals[-1]["accuracy"]} if evals else {}))
-            if cb is not None and finished_epoch:
-                cb.on_epoch_end(epoch)
-            epoch += 1
-        if cb is not None:
-            cb.on_train_end()   # removes the callback's hooks from this run's model
+        # leaving the with block ran cb.on_train_end(): the callback's hooks are removed
         bar.close()
         mine = {"sizes": sizes, "local": local, "hooks": hooks,
                 "emu": emu.stats() if emu is not None else None}

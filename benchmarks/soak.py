@@ -121,6 +121,7 @@ def worker(args):
 
     import omnihvd
     from omnihvd.tools.data import load_fashion_mnist
+    from omnihvd.tools import harness
     from omnihvd.tools.emulate import Emulator
 
     hvd.init()
@@ -152,45 +153,37 @@ def worker(args):
     slow = slow_steps(args)
     log = open(os.path.join(args.workdir, "job%d-rank%d.jsonl" % (args.job, rank)), "w")
 
-    cb.on_train_begin()
-    epoch = sampler.epoch
-    while cb.step < args.steps:
-        sampler.set_epoch(epoch)
-        cb.on_epoch_begin(epoch)
-        for xb, yb, idx in loader:
-            begin = time.perf_counter()
-            step = cb.step
-            cb.on_batch_begin()
-            emu.start(step)
-            sizes = cb.batch_sizes_at(step)
-            if step == args.fail_step and rank == args.fail_rank and not args.resume:
+    # resumed: the loop goes on from the checkpoint's step and epoch
+    with harness.steps(cb, sampler, loader, max_steps=args.steps, emulator=emu,
+                       first_step=cb.step, first_epoch=sampler.epoch,
+                       size=lambda batch: len(batch[2])) as run:
+        for step in run:
+            xb, yb, idx = step.batch
+            sizes = cb.batch_sizes_at(step.index)
+            if step.index == args.fail_step and rank == args.fail_rank and not args.resume:
                 # before backward, whose hooks would already send this step's gradients
-                print("SOAK-FAIL rank %d step %d" % (rank, step), flush=True)
-                raise RuntimeError("soak: injected failure on rank %d at step %d" % (rank, step))
+                print("SOAK-FAIL rank %d step %d" % (rank, step.index), flush=True)
+                raise RuntimeError("soak: injected failure on rank %d at step %d"
+                                   % (rank, step.index))
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
             loss.backward()
-            emu.finish(len(idx))
-            if slow.get(step, (None,))[0] == rank:
-                time.sleep((slow[step][1] - 1) * emu.target(len(idx), 0.0))
+            step.compute_done()
+            if slow.get(step.index, (None,))[0] == rank:
+                time.sleep((slow[step.index][1] - 1) * emu.target(len(idx), 0.0))
             opt.step()
             last = cb.history[-1] if cb.history else None  # the history is bounded:
-            cb.on_batch_end()                                # compare records, not lengths
-            record = {"k": "step", "step": step, "epoch": epoch, "sizes": sizes,
+            step.end()                                       # compare records, not lengths
+            record = {"k": "step", "step": step.index, "epoch": step.epoch, "sizes": sizes,
                       "idx": idx.tolist(), "loss": float(loss)}
             if rank == 0:  # the step time (every rank leaves the allreduce together)
-                record["wall_s"] = time.perf_counter() - begin
+                record["wall_s"] = step.t_end - step.t_begin
                 if cb.history and cb.history[-1] is not last:  # at most one per step
                     log.write(json.dumps(dict(cb.history[-1], k="decision")) + "\n")
             log.write(json.dumps(record) + "\n")
             log.flush()
             if cb.step % args.checkpoint_every == 0 and cb.step < args.steps:
                 save_checkpoint(checkpoint, model, opt, cb, sampler, rank)
-            if cb.step >= args.steps:
-                break
-        cb.on_epoch_end(epoch)
-        epoch += 1
-    cb.on_train_end()
     log.write(json.dumps({"k": "end", "step": cb.step, "emulator": emu.stats(),
                           "overhead_per_step_s": cb.overhead_per_step}) + "\n")
     log.close()

@@ -8,6 +8,7 @@ Usage::
 Prints one line per figure (microseconds per step, best of 5 repeats).
 """
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -54,6 +55,7 @@ def callback_overhead(steps):
     import horovod.torch as hvd
 
     import omnihvd
+    from omnihvd.tools import harness
 
     hvd.init()
     torch.set_num_threads(1)
@@ -62,14 +64,11 @@ def callback_overhead(steps):
                                    named_parameters=model.named_parameters())
     cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=8)
     x = torch.randn(8, 4)
-    cb.on_train_begin()
-    for _ in range(steps):
-        cb.on_batch_begin()
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-        cb.on_batch_end()
-    cb.on_train_end()
+    with harness.steps(cb, batches=itertools.repeat(x), max_steps=steps) as run:
+        for step in run:
+            opt.zero_grad()
+            model(step.batch).sum().backward()
+            opt.step()
     return cb.overhead_per_step
 
 

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -53,6 +52,7 @@ def worker(args):
     from mpi4py import MPI
 
     import omnihvd
+    from omnihvd.tools import harness
     from omnihvd.tools.emulate import Emulator
 
     torch.set_num_threads(1)
@@ -74,28 +74,18 @@ def worker(args):
     emu = Emulator(args.schedule, rank, mode="model", sample_cost=SAMPLE_COST,
                    step_cost=STEP_COST)
     records = []  # (step, batch size, local seconds, step seconds)
-    cb.on_train_begin()
-    epoch = 0
-    while cb.step < steps:
-        sampler.set_epoch(epoch)
-        cb.on_epoch_begin(epoch)
-        for x, y in loader:
-            t0 = time.perf_counter()
-            step = cb.step
-            cb.on_batch_begin()
-            emu.start(step)
+    with harness.steps(cb, sampler, loader, max_steps=steps, emulator=emu,
+                       size=lambda batch: len(batch[0])) as run:
+        for step in run:
+            x, y = step.batch
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
-            emu.finish(len(x))
-            local = time.perf_counter() - t0
+            step.compute_done()
             opt.step()
-            cb.on_batch_end()
-            records.append((step, len(x), local, time.perf_counter() - t0))
-            if cb.step >= steps:
-                break
-        cb.on_epoch_end(epoch)
-        epoch += 1
-    cb.on_train_end()
+            step.end()
+            # both from before on_batch_begin: local to compute_done, step to on_batch_end's end
+            records.append((step.index, step.size, step.t_wait - step.t_begin,
+                            step.t_end - step.t_begin))
     everything = MPI.COMM_WORLD.gather({"records": records, "emulator": emu.stats()}, root=0)
     if rank == 0:
         history = [{k: h.get(k) for k in ("step", "sizes", "times", "new_sizes", "changed",

@@ -8,6 +8,7 @@
 * :mod:`~omnihvd.tools.levels` -- the paper's heterogeneity levels, in one place
 * :mod:`~omnihvd.tools.metrics` -- the ideal step time and a split's balance
 * :mod:`~omnihvd.tools.telemetry` -- run logs, tables and plots
+* :mod:`~omnihvd.tools.harness` -- the benchmarks' one training loop (hooks, emulator, timings)
 * :mod:`~omnihvd.tools.data`, :mod:`~omnihvd.tools.models` -- Fashion-MNIST and small models
   for the examples and benchmarks
 
