@@ -73,6 +73,26 @@ omnihvd_master_addr() {
     echo "${addr:-$first}"
 }
 
+# omnihvd_het_late_exit: the bash program that hetjob.sbatch wraps around the
+# training command of its second component: run "$@", wait
+# OMNIHVD_HET_EXIT_STAGGER seconds (site.sh), exit with the command's status.
+#
+# Why: srun of Slurm 22.05 (Debian 12's) starts and stops the mpi/pmix "abort agent"
+# once per component of a heterogeneous step, from one thread per component, with no
+# lock (pmixp_abort_agent_stop: if (tid) { shutdown; pthread_join(tid); tid = 0; }).
+# The components of one MPI world end together, so the two stops often run within
+# milliseconds of each other; both then join the same thread and, now and then,
+# srun waits for ever after every task has exited (seen here in about 1 job in 30:
+# the job sat RUNNING until the test's timeout). Later Slurm releases guard the
+# agent with a mutex and a start count. Ending component 1 a few seconds later
+# puts its stop after component 0's. The wrapper traps USR1, USR2 and TERM only so
+# that bash survives them: Slurm signals every process of a task, so the training
+# script gets them itself (the checkpoint signal, scancel).
+omnihvd_het_late_exit() {
+    # shellcheck disable=SC2016  # the program is expanded by the task's bash
+    printf '%s' 'trap : USR1 USR2 TERM; "$@"; status=$?; sleep '"${OMNIHVD_HET_EXIT_STAGGER:-3}"'; exit $status'
+}
+
 # omnihvd_finish STATUS: end the batch script after the training step. STATUS
 # OMNIHVD_REQUEUE_EXIT means the job checkpointed on the time-limit signal: put it
 # back in the queue (it restarts with SLURM_RESTART_COUNT+1 and resumes from the

@@ -14,6 +14,11 @@ OMNIHVD_PARTITION="${OMNIHVD_PARTITION-}"
 # first, component 1 on the second, e.g. "gpu-a100 gpu-v100" or "gpu cpu". EDIT
 OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-fast slow}"
 
+# Seconds that hetjob.sbatch's second component waits after training before it
+# exits: works around an srun hang of Slurm 22.05 (slurm/common.sh,
+# omnihvd_het_late_exit). 0 turns it off, on a Slurm that has the fix.
+OMNIHVD_HET_EXIT_STAGGER="${OMNIHVD_HET_EXIT_STAGGER-3}"
+
 # Account to charge ("" = your default account). EDIT
 OMNIHVD_ACCOUNT="${OMNIHVD_ACCOUNT-}"
 

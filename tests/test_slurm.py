@@ -13,6 +13,7 @@ Slurm missing is a failure, not a skip: ``make test`` installs it first
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -266,11 +267,7 @@ def test_every_srun_launch_kills_the_job_on_a_bad_exit():
     # Without --kill-on-bad-exit=1 a rank that dies leaves the others waiting in a
     # collective until the job's time limit; with it Slurm ends the whole step.
     # A static check of the templates: it needs no cluster.
-    launches = []
-    for name in sorted(os.listdir(os.path.join(ROOT, "slurm"))):
-        if name.endswith(".sbatch"):
-            with open(os.path.join(ROOT, "slurm", name)) as f:
-                launches += [(name, line) for line in f if line.startswith("srun ")]
+    launches = srun_launches()
     assert len(launches) >= 4, launches
     for name, line in launches:
         if name == "checkpoint_requeue.sbatch":
@@ -278,4 +275,47 @@ def test_every_srun_launch_kills_the_job_on_a_bad_exit():
             # the ranks still exiting and turn 85 into 143 (the template says so)
             assert "--kill-on-bad-exit" not in line, line
             continue
-        assert "--kill-on-bad-exit=1" in line.split('"')[0], (name, line)
+        for component in line.split(" : "):  # each component of a heterogeneous step
+            assert "--kill-on-bad-exit=1" in component.split('"')[0], (name, component)
+
+
+def srun_launches():
+    """(template, srun command) for every srun line of slurm/*.sbatch, continuations joined."""
+    launches = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "slurm"))):
+        if name.endswith(".sbatch"):
+            with open(os.path.join(ROOT, "slurm", name)) as f:
+                text = f.read().replace("\\\n", " ")
+            launches += [(name, " ".join(line.split())) for line in text.splitlines()
+                         if line.startswith("srun ")]
+    return launches
+
+
+def test_hetjob_components_end_apart():
+    # Slurm 22.05's srun can hang for good when two components of a heterogeneous
+    # step end at the same instant (slurm/common.sh, omnihvd_het_late_exit): the
+    # template runs component 1's training command through the late-exit wrapper.
+    (line,) = [line for name, line in srun_launches() if name == "hetjob.sbatch"]
+    first, second = line.split(" : ")
+    assert "--het-group=0" in first and "omnihvd_het_late_exit" not in first, line
+    assert "--het-group=1" in second and 'bash -c "$(omnihvd_het_late_exit)"' in second, line
+    assert first.split("--het-group=0 ")[1] in second, "the components run different scripts"
+
+
+@pytest.mark.parametrize("status", [0, 7])
+def test_het_late_exit_keeps_the_status_survives_signals_and_waits(status):
+    # The wrapper: the command's exit status, after OMNIHVD_HET_EXIT_STAGGER seconds;
+    # a USR1 to the task (Slurm signals every process of it) reaches the training
+    # script and does not kill the wrapper.
+    script = ('trap : USR1; source "%s/slurm/common.sh" && OMNIHVD_HET_EXIT_STAGGER=1 && '
+              'bash -c "$(omnihvd_het_late_exit)" task bash -c \''
+              'trap "echo got-usr1" USR1; sleep 0.6 & wait; exit %d\'' % (ROOT, status))
+    proc = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGUSR1)
+    start = time.monotonic()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == status, (proc.returncode, out)
+    assert "got-usr1" in out, out
+    assert time.monotonic() - start >= 1.0  # the stagger itself, not a speed target
