@@ -46,6 +46,7 @@ sys.path.insert(0, ROOT)   # the harness's own omnihvd (cpulimits, emulate): not
 
 from omnihvd.tools import cpulimits, emulate, levels  # noqa: E402
 from omnihvd.controller import apportion  # noqa: E402
+from omnihvd.cpuquota import CpuLimitError, find_cpu_controller  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "train_fashion_mnist.py")
 GROUP_PREFIX = "omnihvd-realhet-"
@@ -219,7 +220,7 @@ class Placer:
         for group in self.groups.values():
             try:
                 group.close()
-            except cpulimits.CpuLimitError as exc:
+            except CpuLimitError as exc:
                 errors.append(str(exc))
         self.groups = {}
         if errors:
@@ -304,7 +305,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
                 next_phase += 1
         if proc.poll() is None:
             error = "timed out after %d s" % args.run_timeout
-    except (RuntimeError, cpulimits.CpuLimitError) as exc:
+    except (RuntimeError, CpuLimitError) as exc:
         error = str(exc)
     finally:
         if proc.poll() is None:
@@ -548,10 +549,10 @@ def main(argv=None):
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        stale = cpulimits.remove_stale_groups(GROUP_PREFIX, cpulimits.find_cpu_controller())
+        stale = cpulimits.remove_stale_groups(GROUP_PREFIX, find_cpu_controller())
         if stale:
             print("removed stale cgroups of killed runs: %s" % ", ".join(stale))
-    except cpulimits.CpuLimitError as exc:
+    except CpuLimitError as exc:
         if any(p.quota is not None for _, spec in args.scenarios
                for p in parse_spec(spec, args.available)):
             raise SystemExit("CPU quotas are not available here: %s" % exc)

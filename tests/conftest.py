@@ -135,3 +135,16 @@ def pytest_collect_file(file_path, parent):
     if _is_test_file(str(file_path)) and tier_problem(file_path) is not None:
         return _TierError.from_parent(parent, path=file_path)
     return None
+
+
+@pytest.fixture(scope="session")
+def horovod():
+    """``horovod.torch``, initialised: in plain pytest (no mpirun) a world of one rank.
+
+    The single tier's files ask for it (``pytest.mark.usefixtures("horovod")`` or an
+    argument). Horovod is imported here, not at the top: the unit tier runs without it.
+    """
+    import horovod.torch as hvd
+    hvd.init()
+    assert hvd.size() == 1, "the single tier runs without mpirun"
+    return hvd

@@ -24,13 +24,8 @@ from omnihvd.tools import cli, emulate, levels, models, telemetry
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 from omnihvd.sampler import HeterogeneousBatchSampler, StaticSchedule
 
-pytestmark = pytest.mark.single
+pytestmark = [pytest.mark.single, pytest.mark.usefixtures("horovod")]
 B = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod():
-    hvd.init()
 
 
 def callback(**options):

@@ -17,15 +17,9 @@ import horovod.torch as hvd
 import omnihvd
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 
-pytestmark = pytest.mark.single
+pytestmark = [pytest.mark.single, pytest.mark.usefixtures("horovod")]
 
 N, B = 64, 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod():
-    hvd.init()
-    assert hvd.size() == 1, "the fast tier runs without mpirun"
 
 
 @pytest.fixture

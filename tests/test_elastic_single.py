@@ -17,15 +17,9 @@ import omnihvd
 import omnihvd.elastic
 from omnihvd.errors import ConfigError
 
-pytestmark = pytest.mark.single
+pytestmark = [pytest.mark.single, pytest.mark.usefixtures("horovod")]
 
 N, B = 64, 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod():
-    hvd.init()
-    assert hvd.size() == 1, "the single tier runs without mpirun"
 
 
 def build(**options):

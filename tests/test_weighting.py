@@ -18,13 +18,6 @@ from omnihvd.weighting import (
 pytestmark = pytest.mark.single
 
 
-@pytest.fixture(scope="module")
-def horovod():
-    hvd.init()
-    assert hvd.size() == 1, "the fast tier runs without mpirun"
-    return hvd
-
-
 # ------------------------------------------------------------- allreduce_weight
 
 
