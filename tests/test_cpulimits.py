@@ -124,6 +124,28 @@ def test_quota_group_writes_v1_and_v2_files_and_checks_values(tmp_path):
         QuotaGroup("../x", cpuquota.CpuController("v1", str(tmp_path), "/"))
 
 
+def test_quota_group_close_waits_for_members_still_exiting(tmp_path, monkeypatch):
+    # A killed rank can stay in its group for a moment while it exits; it can be
+    # neither moved nor removed with it (EBUSY). close() retries until it is gone.
+    controller = cpuquota.CpuController("v1", str(tmp_path), "/")
+    group = QuotaGroup("g", controller, root=str(tmp_path))
+    exits_at = time.monotonic() + 0.3
+    monkeypatch.setattr(group, "members",
+                        lambda: [4242] if time.monotonic() < exits_at else [])
+    real_rmdir = os.rmdir
+
+    def rmdir(path):
+        if time.monotonic() < exits_at:
+            raise OSError(16, "Device or resource busy")
+        real_rmdir(path)
+
+    monkeypatch.setattr(cpulimits.os, "rmdir", rmdir)
+    for f in (tmp_path / "g").iterdir():
+        f.unlink()
+    group.close()
+    assert not (tmp_path / "g").exists() and group.closed
+
+
 def test_remove_stale_groups_keeps_live_owners(tmp_path):
     for name in ("p-1-a", "p-2-a", "other"):
         (tmp_path / name).mkdir()

@@ -29,6 +29,7 @@ Example (as root)::
 """
 import os
 import re
+import time
 from typing import Iterable, List, Optional
 
 from ..cpuquota import CpuController, CpuLimitError, Quota, find_cpu_controller, read_text, rooted
@@ -175,6 +176,8 @@ class QuotaGroup:
     moving whatever is still in it back to the top group.
     """
 
+    CLOSE_WAIT_S = 3.0   # how long close() waits for killed members to finish exiting
+
     def __init__(self, name: str, controller: Optional[CpuController] = None, root: str = "/"):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
             raise CpuLimitError("cgroup name must be letters, digits, '_', '.', '-'; got %r"
@@ -277,7 +280,10 @@ class QuotaGroup:
         if self.closed:
             return
         top = self.controller.mount
-        for _ in range(10):   # members may still be starting threads
+        # Members may still be starting threads, or still exiting after a kill (a task
+        # that is exiting can be neither moved nor waited for): retry for a while.
+        deadline = time.monotonic() + self.CLOSE_WAIT_S
+        while True:
             left = self.members()
             if not left:
                 break
@@ -286,7 +292,10 @@ class QuotaGroup:
                     write_text(os.path.join(top, "tasks" if self.version == "v1" else "cgroup.procs"),
                            str(task))
                 except OSError:
-                    pass   # gone already
+                    pass   # gone already, or exiting
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         try:
             os.rmdir(self.path)
         except FileNotFoundError:
