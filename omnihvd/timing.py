@@ -41,13 +41,22 @@ from .checks import check_choice, check_int
 from .errors import ConfigError
 
 __all__ = ["StepTimer", "TimedIterable", "TimingWindow", "robust_step_time",
-           "sustained_step_time", "SUMMARIES", "DEFAULT_SUMMARY", "RARE_FRACTION"]
+           "sustained_step_time", "speed_change_start", "SUMMARIES", "DEFAULT_SUMMARY",
+           "RARE_FRACTION", "CHANGE_FRACTION", "CHANGE_SIGNIFICANCE"]
 
 SUMMARIES = ("sustained", "median", "mean")
 DEFAULT_SUMMARY = "sustained"
 # Share of a window's slowest samples that "sustained" treats as rare pauses (GC, a
 # slow read) and clips. Stalls more frequent than this are the rank's real rate.
 RARE_FRACTION = 0.1
+# A window whose samples step to a level at least CHANGE_FRACTION away, by at least
+# CHANGE_SIGNIFICANCE standard errors, spans a change of speed; only the samples after
+# the step (at least MIN_SEGMENT of them) describe the rank now. The fraction is the
+# controller's default change_tolerance: smaller shifts, such as the slow drift of a
+# rank's phase against its CFS quota period, are left to the window's average.
+CHANGE_FRACTION = 0.25
+CHANGE_SIGNIFICANCE = 5.0
+MIN_SEGMENT = 3
 
 
 def _check_method(method):
@@ -136,6 +145,56 @@ def _sustained_1d(values):
     return mean, spread / math.sqrt(n)
 
 
+def speed_change_start(samples):
+    """Index of the first sample after a change of speed inside a window (0: none).
+
+    A rank that slows down or speeds up mid-window (re-pinned, re-quota'd, a noisy
+    neighbour arriving) would otherwise report a blend of its old and new speed --
+    a point that fits neither, and that misleads the affine fit for rounds. The
+    window is split where its two parts differ most (in pooled standard errors,
+    after the rare pauses are clipped); the split counts as a change when the parts
+    differ by at least ``CHANGE_SIGNIFICANCE`` standard errors and by
+    ``CHANGE_FRACTION`` of the lower level, each part holding ``MIN_SEGMENT``
+    samples or more. A lone pause or the up-and-down of a CFS quota is not a change:
+    it widens the spread, and the test scales with it.
+
+    Args:
+        samples: seconds, ``(steps,)`` or ``(steps, lanes)``; entries that are not
+            finite and positive are ignored.
+
+    Returns:
+        int, or one int per lane: the step index where the current speed begins.
+
+    >>> speed_change_start([0.20, 0.21, 0.19, 0.20, 0.30, 0.31, 0.29, 0.30])
+    4
+    >>> speed_change_start([0.02, 0.11, 0.02, 0.11, 0.02, 0.11, 0.02, 0.11])  # bursty
+    0
+    """
+    arr = _valid(samples)
+    lanes = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(0, 1)
+    start = np.zeros(lanes.shape[1], dtype=np.int64)
+    if lanes.shape[0] >= 2 * MIN_SEGMENT:
+        clipped, total = _clip_rare(lanes, 0)
+        seen = np.isfinite(clipped)
+        x = np.where(seen, clipped, 0.0)
+        n1, s1, q1 = np.cumsum(seen, axis=0), np.cumsum(x, axis=0), np.cumsum(x * x, axis=0)
+        n2, s2, q2 = total - n1, s1[-1] - s1, q1[-1] - q1
+        ok = seen & (n1 >= MIN_SEGMENT) & (n2 >= MIN_SEGMENT)   # split after row k
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m1, m2 = s1 / n1, s2 / n2
+            within = np.maximum(q1 - s1 * m1 + q2 - s2 * m2, 0.0) / np.maximum(total - 2, 1)
+            shift = np.abs(m2 - m1)
+            z = np.where(shift > 0, shift / np.sqrt(within * (1.0 / n1 + 1.0 / n2)), 0.0)
+            ok &= shift >= CHANGE_FRACTION * np.minimum(m1, m2)
+        z = np.where(ok, z, -1.0)
+        best = np.argmax(z, axis=0)
+        found = np.take_along_axis(z, best[None], axis=0)[0] >= CHANGE_SIGNIFICANCE
+        start = np.where(found, best + 1, 0)
+    if arr.ndim <= 1:
+        return int(start[0])
+    return start.reshape(arr.shape[1:])
+
+
 def robust_step_time(samples, method: str = DEFAULT_SUMMARY, axis: Optional[int] = None):
     """Summarise step-time samples, ignoring entries that are not finite and positive.
 
@@ -188,6 +247,11 @@ class TimingWindow:
     (each sample a vector with one entry per rank; invalid entries count as
     missing for that rank only).
 
+    The robust summaries (``"sustained"``, ``"median"``) describe the rank's speed at
+    the end of the window: samples before a change of speed inside it are left out
+    (:func:`speed_change_start`). ``"mean"``, the reference implementation's rule,
+    averages them all.
+
     Args:
         settle_steps: samples to discard after each :meth:`reset` (the first steps
             at a new batch size pay for allocator growth, autotuning, cache misses).
@@ -232,7 +296,15 @@ class TimingWindow:
         return True
 
     def _array(self) -> np.ndarray:
-        return np.asarray(self._samples, dtype=np.float64)
+        """The samples that describe the rank's current speed (NaN: left out)."""
+        arr = np.asarray(self._samples, dtype=np.float64)
+        if self.method == "mean" or len(arr) < 2 * MIN_SEGMENT:
+            return arr
+        start = speed_change_start(arr)
+        if np.ndim(start) == 0:
+            return arr[start:]
+        before = np.arange(len(arr)).reshape((-1,) + (1,) * (arr.ndim - 1)) < start
+        return np.where(before, np.nan, arr)
 
     def summary(self):
         """The robust step time of the window; NaN when it holds no sample."""
@@ -259,19 +331,24 @@ class TimingWindow:
 
     def measure(self):
         """``(summary, standard_error, counts)`` in one pass (what a rank gathers)."""
-        if self.method == "sustained" and self._samples:
-            arr = self._array()
-            time_, error = sustained_step_time(arr, axis=0)
-            return time_, error, self.counts()
-        return self.summary(), self.standard_error(), self.counts()
+        if not self._samples:
+            return float("nan"), float("nan"), 0
+        arr = self._array()
+        counts = self._counts(arr)
+        if self.method == "sustained":
+            return sustained_step_time(arr, axis=0) + (counts,)
+        error = _standard_error(_valid(arr), self.method, 0)
+        return (robust_step_time(arr, self.method, axis=0),
+                float(error) if np.ndim(error) == 0 else error, counts)
 
     def counts(self):
-        """Valid samples held: an int, or one per lane for vector samples."""
-        if not self._samples:
-            return 0
-        if not isinstance(self._samples[0], np.ndarray):
-            return len(self._samples)  # scalar samples are kept only when valid
-        return np.sum(np.isfinite(self._array()), axis=0)
+        """Valid samples the summary uses: an int, or one per lane for vector samples."""
+        return self._counts(self._array()) if self._samples else 0
+
+    def _counts(self, arr):
+        if arr.ndim == 1:
+            return int(np.sum(np.isfinite(arr)))
+        return np.sum(np.isfinite(arr), axis=0)
 
     def __len__(self):
         return len(self._samples)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from omnihvd.errors import ConfigError
-from omnihvd.timing import StepTimer, TimedIterable, TimingWindow, robust_step_time, sustained_step_time
+from omnihvd.timing import (StepTimer, TimedIterable, TimingWindow, robust_step_time,
+                            speed_change_start, sustained_step_time)
 
 pytestmark = pytest.mark.unit
 
@@ -153,6 +154,68 @@ def test_window_rejects_bad_settle_steps(settle):
 def test_window_rejects_bad_method():
     with pytest.raises(ConfigError, match="median"):
         TimingWindow(method="p90")
+
+
+# ----------------------------------------------------- a change inside a window
+
+
+def _noisy(level, n, cv, rng):
+    return level * (1.0 + cv * rng.standard_normal(n))
+
+
+def test_speed_change_start_finds_a_step_in_level():
+    rng = np.random.default_rng(0)
+    for at in (3, 7, 10, 17):  # both parts hold at least MIN_SEGMENT = 3 samples
+        x = np.r_[_noisy(0.17, at, 0.02, rng), _noisy(0.26, 20 - at, 0.02, rng)]
+        assert speed_change_start(x) == at
+        assert speed_change_start(x[::-1] * 1.0) == 20 - at  # a speed-up as well
+
+
+def test_speed_change_start_ignores_noise_pauses_and_quota_bursts():
+    """Stationary windows are not cut (false alarms cost only samples; we count them)."""
+    rng = np.random.default_rng(1)
+    cases = {
+        "noise": lambda: _noisy(0.2, 20, 0.1, rng),
+        "pause": lambda: np.r_[_noisy(0.2, 19, 0.02, rng), [6.0]][rng.permutation(20)],
+        "pause late": lambda: np.r_[_noisy(0.2, 17, 0.02, rng), [6.0, 0.2, 0.2]],
+        "quota bursts": lambda: np.where(rng.random(20) < 0.3, 0.11, 0.02) * _noisy(1, 20, 0.05, rng),
+        "heavy tail": lambda: 0.1 + rng.exponential(0.05, 20),
+    }
+    for name, draw in cases.items():
+        alarms = sum(speed_change_start(draw()) > 0 for _ in range(1000))
+        assert alarms <= 15, (name, alarms)
+    assert speed_change_start(np.full(20, 0.2)) == 0  # no spread, no step: no change
+    assert speed_change_start([0.2, 0.3, 0.2, 0.3, 0.2]) == 0  # too short to split
+
+
+def test_speed_change_start_per_lane_with_missing_entries():
+    x = np.full((12, 3), 0.2)
+    x[6:, 0] = 0.3          # lane 0 changes at step 6
+    x[[1, 8], 0] = np.nan   # with two missing samples
+    x[:, 2] = np.nan        # lane 2 has none at all
+    assert speed_change_start(x).tolist() == [6, 0, 0]
+
+
+@pytest.mark.parametrize("method", ["sustained", "median"])
+def test_window_describes_the_speed_after_a_change(method):
+    w = TimingWindow(settle_steps=0, method=method)
+    for s in [0.2] * 10 + [0.3] * 10:
+        w.add(s)
+    t, e, n = w.measure()
+    assert t == pytest.approx(0.3) and w.summary() == pytest.approx(0.3)
+    assert n == 10 == w.counts() and e == pytest.approx(0.0) == w.standard_error()
+    v = TimingWindow(settle_steps=0, method=method)  # many lanes: each its own cut
+    for s in [0.2] * 10 + [0.3] * 10:
+        v.add(np.array([s, 0.25, s if len(v) < 15 else np.nan]))
+    t, e, n = v.measure()
+    assert np.allclose(t, [0.3, 0.25, 0.3]) and n.tolist() == [10, 20, 5]
+
+
+def test_window_mean_keeps_every_sample_as_the_reference_does():
+    w = TimingWindow(settle_steps=0, method="mean")
+    for s in [0.2] * 10 + [0.3] * 10:
+        w.add(s)
+    assert w.summary() == pytest.approx(0.25) and w.counts() == 20
 
 
 # ------------------------------------------------------------------- StepTimer
