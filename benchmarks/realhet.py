@@ -321,6 +321,8 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
               "changes": changes, "epochs": [], "mpirun_pid": proc.pid, "pids": pids,
               "groups": [g.path for g in placer.created] if placer is not None else [],
               "cgroup_stats": throttling, "rank_cpu_s": rank_cpu}
+    # omnihvd's own log of its size changes (rank 0, INFO): why a run settled where it did.
+    record["decisions"] = [line for line in lines if line.startswith("omnihvd: step ")]
     for m in map(EPOCH_LINE.match, lines):
         if m:
             record["epochs"].append({"epoch": int(m.group(1)), "seconds": float(m.group(2)),

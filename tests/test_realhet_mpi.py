@@ -52,7 +52,9 @@ def test_realhet_smoke(tmp_path):
         assert r["error"] is None, r
         assert [e["epoch"] for e in r["epochs"]] == [0, 1, 2]
         assert sum(r["final_sizes"]) == 16 and r["measured_s"] > 0
+        assert all(d.startswith("omnihvd: step ") for d in r["decisions"])
         assert [c["phase"] for c in r["changes"]] == [0, 1] and r["changes"][1]["after_epoch"] == 0
+    assert runs[0]["decisions"] == []   # plain Horovod: no omnihvd log
     assert s["plain_s"] > 0 and s["omnihvd_s"] > 0
     table = open(str(out) + ".md").read()
     assert "| swap | `pin=0,1 \\| pin=1,0` |" in table
