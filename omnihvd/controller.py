@@ -610,8 +610,11 @@ class Controller:
         significance: with ``errors`` given to :meth:`decide`, how many standard
             errors apart the slowest and fastest rank must be to act (default 3).
         change_tolerance: a rank whose new time differs from the model's prediction
-            by more than this fraction has changed speed (noisy neighbour, throttling,
-            new hardware): its older measurements are dropped from the fit.
+            by more than this fraction (of the smaller of the two) has changed speed
+            (noisy neighbour, throttling, new hardware): its older measurements are
+            dropped from the fit. A window that spans such a change reports only its
+            part after the change (:func:`omnihvd.timing.speed_change_start`, same
+            default fraction).
         size_multiple: every size is a multiple of this k (rank 0 also taking
             ``B mod k``; see :func:`unit_bounds`), so few distinct shapes occur.
 
@@ -687,7 +690,10 @@ class Controller:
             # to tell a change of speed from the fixed cost a one-point model ignores.
             fitted = np.stack(self._valid).sum(axis=0) >= 2
             predicted = predict_step_times(self.model(), b)
-            changed = fitted & (np.abs(t - predicted) > self.change_tolerance * predicted)
+            # Relative to the smaller of the two, so that a speed-up counts as much
+            # as the slow-down that undoes it (0.16 s -> 0.12 s is 1.33x, like 0.12 -> 0.16).
+            changed = fitted & (np.abs(t - predicted)
+                                > self.change_tolerance * np.minimum(t, predicted))
             for row in self._valid:
                 row[changed] = False
         self._sizes = (self._sizes + [b])[-self.history:]

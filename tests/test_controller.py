@@ -543,6 +543,23 @@ def test_affine_controller_drops_history_of_a_rank_whose_speed_changed():
     assert not ctl._valid[0][0]
 
 
+def test_a_speed_up_is_a_change_as_much_as_the_slow_down_that_undoes_it():
+    """The change test is relative to the smaller of measured and predicted time: a
+    rank 1.32x faster (0.16 s -> 0.121 s) has changed speed just as a rank 1.32x
+    slower has. Measured against the prediction alone, the speed-up (24% below it)
+    passed as noise, its stale rows stayed in the fit, and the emulated benchmark's
+    HL4 -> HL2 change (exactly 1.33x for two ranks) settled 1.5% off balance."""
+    for before, after in [(0.16, 0.121), (0.121, 0.16)]:
+        ctl = Controller(2, 96)
+        for b in ([48, 48], [40, 56], [48, 48]):   # proportional: t = b * before / 48
+            ctl.decide(b, [before * b[0] / 48, before * b[1] / 48])
+        ctl.observe([48, 48], [after, before])
+        assert [bool(row[0]) for row in ctl._valid] == [False, False, False, True], after
+        assert all(row[1] for row in ctl._valid)
+        model = ctl.model()
+        assert model.intercept[0] == 0.0 and model.slope[0] == pytest.approx(after / 48)
+
+
 def test_trust_region_limits_one_decision_to_a_factor_of_four():
     # Rank 0 measured 100x slower (a noisy round): it may shrink at most 4x at once.
     new = Controller(4, 128).decide([32, 32, 32, 32], [100.0, 1.0, 1.0, 1.0])
