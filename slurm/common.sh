@@ -83,9 +83,11 @@ omnihvd_master_addr() {
 # The components of one MPI world end together, so the two stops often run within
 # milliseconds of each other; both then join the same thread and, now and then,
 # srun waits for ever after every task has exited (seen here in about 1 job in 30:
-# the job sat RUNNING until the test's timeout). Later Slurm releases guard the
-# agent with a mutex and a start count. Ending component 1 a few seconds later
-# puts its stop after component 0's. The wrapper traps USR1, USR2 and TERM only so
+# the job sat RUNNING until the test's timeout). Slurm's current source guards the
+# agent with a mutex and a start count; 22.05.8 does not. Ending component 1 a few
+# seconds later puts its stop after component 0's. That makes the hang rarer at
+# best: one hung with the components 3 s apart, its second stop joining a thread the
+# first had already joined (docs/slurm.rst). The wrapper traps USR1, USR2 and TERM only so
 # that bash survives them: Slurm signals every process of a task, so the training
 # script gets them itself (the checkpoint signal, scancel).
 omnihvd_het_late_exit() {

@@ -13,6 +13,7 @@ Slurm missing is a failure, not a skip: ``make test`` installs it first
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,9 +84,11 @@ class Cluster:
             if state in TERMINAL:
                 return state
             if time.monotonic() > deadline:
+                where = srun_threads()   # before scancel: where a hung srun waits
                 self.run("scancel", job, check=False)
-                raise AssertionError("job %s still %s after %d s; log:\n%s\n%s" % (
-                    job, state, timeout, self.log(job), slurm_local._log_tails(self.folder)))
+                raise AssertionError("job %s still %s after %d s; log:\n%s\n%s\n%s" % (
+                    job, state, timeout, self.log(job), slurm_local._log_tails(self.folder),
+                    where))
             time.sleep(0.5)
 
     def wait_for_line(self, job, pattern, timeout=JOB_TIMEOUT):
@@ -103,6 +106,31 @@ class Cluster:
         log = self.log(job)
         assert state == "COMPLETED", "job %s ended %s; log:\n%s" % (job, state, log)
         return log
+
+
+def srun_threads() -> str:
+    """Every srun process's threads and what each waits in (the kernel's wchan), plus
+    gdb's backtrace where gdb is installed: the evidence of an srun that hangs after
+    its tasks have ended (Slurm 22.05's het steps, docs/slurm.rst)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().strip() != "srun":
+                    continue
+            threads = sorted(os.listdir("/proc/%s/task" % pid), key=int)
+            waits = []
+            for tid in threads:
+                with open("/proc/%s/task/%s/wchan" % (pid, tid)) as f:
+                    waits.append("%s:%s" % (tid, f.read().strip() or "-"))
+        except OSError:
+            continue
+        out.append("--- srun %s threads (tid:wchan): %s" % (pid, " ".join(waits)))
+        if shutil.which("gdb"):
+            bt = subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"],
+                                capture_output=True, text=True, timeout=120)
+            out.append(bt.stdout[-8000:])
+    return "\n".join(out) or "--- no srun process"
 
 
 @pytest.fixture(scope="module")
@@ -319,3 +347,20 @@ def test_het_late_exit_keeps_the_status_survives_signals_and_waits(status):
     assert proc.returncode == status, (proc.returncode, out)
     assert "got-usr1" in out, out
     assert time.monotonic() - start >= 1.0  # the stagger itself, not a speed target
+
+
+def test_srun_threads_names_every_thread_of_a_waiting_srun(tmp_path):
+    """What a timed-out job's report adds: each srun thread and its kernel wait."""
+    fake = tmp_path / "srun"
+    shutil.copy(shutil.which("sleep"), fake)
+    proc = subprocess.Popen([str(fake), "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while "srun %d " % proc.pid not in srun_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report = srun_threads()
+        assert "--- srun %d threads (tid:wchan): %d:" % (proc.pid, proc.pid) in report, report
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "srun %d " % proc.pid not in srun_threads()
