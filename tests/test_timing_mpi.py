@@ -30,7 +30,7 @@ def test_a_rank_with_a_slower_dataset_ends_with_fewer_samples():
     r = _run("wrap", 2)
     sizes = r["final_sizes"]
     assert sum(sizes) == B and r["changes"] >= 1, r
-    # rank 1 reads 2 ms per sample, the others read from memory: its share falls well
+    # rank 1 reads 2 ms per sample, the others 0.3 ms: its share falls well
     # below the equal 16 and below every other rank's
     assert sizes[1] <= 0.6 * B / RANKS and sizes[1] < min(sizes[0], sizes[2]), sizes
     _check_coverage(r, 2)
