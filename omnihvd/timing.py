@@ -171,6 +171,8 @@ def speed_change_start(samples):
     0
     """
     arr = _valid(samples)
+    if arr.ndim == 1:
+        return _change_start_1d(arr.tolist())
     lanes = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(0, 1)
     start = np.zeros(lanes.shape[1], dtype=np.int64)
     if lanes.shape[0] >= 2 * MIN_SEGMENT:
@@ -193,6 +195,44 @@ def speed_change_start(samples):
     if arr.ndim <= 1:
         return int(start[0])
     return start.reshape(arr.shape[1:])
+
+
+def _change_start_1d(values):
+    """:func:`speed_change_start` of one rank's samples, in plain Python (the same
+    sums in the same order, so the same answer): as for :func:`_sustained_1d`, a
+    window of some twenty numbers is faster without numpy's per-call overhead."""
+    x = [v if v > 0 and math.isfinite(v) else None for v in values]   # NaN > 0 is False
+    ordered = sorted(v for v in x if v is not None)
+    total = len(ordered)
+    if len(x) < 2 * MIN_SEGMENT or total < 2 * MIN_SEGMENT:
+        return 0
+    cap = ordered[total - 1 - int(math.ceil(RARE_FRACTION * total))]
+    x = [None if v is None else min(v, cap) for v in x]
+    s_all = q_all = 0.0
+    for v in x:
+        if v is not None:
+            s_all += v
+            q_all += v * v
+    n1, s1, q1 = 0, 0.0, 0.0
+    best, best_z = 0, -1.0
+    for k, v in enumerate(x):
+        if v is None:
+            continue
+        n1, s1, q1 = n1 + 1, s1 + v, q1 + v * v
+        n2 = total - n1
+        if n1 < MIN_SEGMENT or n2 < MIN_SEGMENT:
+            continue
+        s2, q2 = s_all - s1, q_all - q1
+        m1, m2 = s1 / n1, s2 / n2
+        shift = abs(m2 - m1)
+        if shift < CHANGE_FRACTION * min(m1, m2):
+            continue
+        within = max(q1 - s1 * m1 + q2 - s2 * m2, 0.0) / max(total - 2, 1)
+        spread = math.sqrt(within * (1.0 / n1 + 1.0 / n2))
+        z = 0.0 if shift == 0 else (shift / spread if spread > 0 else math.inf)
+        if z > best_z:
+            best, best_z = k, z
+    return best + 1 if best_z >= CHANGE_SIGNIFICANCE else 0
 
 
 def robust_step_time(samples, method: str = DEFAULT_SUMMARY, axis: Optional[int] = None):
@@ -270,10 +310,12 @@ class TimingWindow:
         self.method = method
         self._samples: List = []
         self._skip = settle_steps
+        self._current: Optional[np.ndarray] = None   # _array(), until the next add
 
     def reset(self, settle: bool = True):
         """Start a new window (call when the batch size changes)."""
         self._samples = []
+        self._current = None
         self._skip = self.settle_steps if settle else 0
 
     def add(self, seconds) -> bool:
@@ -282,6 +324,7 @@ class TimingWindow:
         if self._skip > 0:
             self._skip -= 1
             return False
+        self._current = None
         if np.ndim(seconds) > 0:
             row = _valid(seconds)
             self._samples.append(row)
@@ -296,13 +339,19 @@ class TimingWindow:
         return True
 
     def _array(self) -> np.ndarray:
-        """The samples that describe the rank's current speed (NaN: left out)."""
+        """The samples that describe the rank's current speed (NaN: left out); the
+        change scan runs once per window content, however many summaries are read."""
+        if self._current is None:
+            self._current = self._after_change()
+        return self._current
+
+    def _after_change(self) -> np.ndarray:
         arr = np.asarray(self._samples, dtype=np.float64)
         if self.method == "mean" or len(arr) < 2 * MIN_SEGMENT:
             return arr
+        if arr.ndim == 1:
+            return arr[_change_start_1d(self._samples):]
         start = speed_change_start(arr)
-        if np.ndim(start) == 0:
-            return arr[start:]
         before = np.arange(len(arr)).reshape((-1,) + (1,) * (arr.ndim - 1)) < start
         return np.where(before, np.nan, arr)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from omnihvd.errors import ConfigError
-from omnihvd.timing import (StepTimer, TimedIterable, TimingWindow, robust_step_time,
-                            speed_change_start, sustained_step_time)
+from omnihvd.timing import (StepTimer, TimedIterable, TimingWindow, _change_start_1d,
+                            robust_step_time, speed_change_start, sustained_step_time)
 
 pytestmark = pytest.mark.unit
 
@@ -194,6 +194,40 @@ def test_speed_change_start_per_lane_with_missing_entries():
     x[[1, 8], 0] = np.nan   # with two missing samples
     x[:, 2] = np.nan        # lane 2 has none at all
     assert speed_change_start(x).tolist() == [6, 0, 0]
+
+
+def test_the_scalar_change_scan_answers_as_the_lane_scan_does():
+    # one rank's window runs the plain-Python scan; many lanes run numpy's
+    rng = np.random.default_rng(2)
+    cuts = 0
+    for _ in range(2000):
+        n = int(rng.integers(1, 40))
+        x = rng.uniform(0.01, 1) * (1 + rng.choice([0.02, 0.1, 0.3]) * rng.standard_normal(n))
+        if rng.random() < 0.5:
+            x[int(rng.integers(0, n + 1)):] *= rng.choice([0.5, 0.8, 1.3, 2.0])
+        if rng.random() < 0.3:
+            x[rng.integers(0, n)] = rng.choice([np.nan, -1.0, np.inf, 30.0])
+        lanes = speed_change_start(np.stack([x, x], axis=1)).tolist()
+        assert lanes == [_change_start_1d(x.tolist())] * 2 == [speed_change_start(x)] * 2, x
+        cuts += lanes[0] > 0
+    assert cuts > 200   # the comparison covered windows with a change, not only zeros
+
+
+def test_window_summaries_follow_each_new_sample():
+    # the tail after a change is kept between reads and dropped at every add: each
+    # read equals a fresh window's over the same samples
+    w, seen = TimingWindow(settle_steps=0, method="sustained"), []
+    for s in [0.2] * 10 + [0.3] * 6:
+        w.add(s)
+        seen.append(s)
+        fresh = TimingWindow(settle_steps=0, method="sustained")
+        for kept in seen:
+            fresh.add(kept)
+        assert w.summary() == fresh.summary() and w.counts() == fresh.counts()
+        assert w.measure() == fresh.measure()
+    assert w.summary() == pytest.approx(0.3) and w.counts() == 6
+    w.reset(settle=False)
+    assert w.counts() == 0 and math.isnan(w.summary())
 
 
 @pytest.mark.parametrize("method", ["sustained", "median"])
