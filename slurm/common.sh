@@ -73,26 +73,66 @@ omnihvd_master_addr() {
     echo "${addr:-$first}"
 }
 
-# omnihvd_het_late_exit: the bash program that hetjob.sbatch wraps around the
-# training command of its second component: run "$@", wait
-# OMNIHVD_HET_EXIT_STAGGER seconds (site.sh), exit with the command's status.
-#
-# Why: srun of Slurm 22.05 (Debian 12's) starts and stops the mpi/pmix "abort agent"
-# once per component of a heterogeneous step, from one thread per component, with no
-# lock (pmixp_abort_agent_stop: if (tid) { shutdown; pthread_join(tid); tid = 0; }).
-# The components of one MPI world end together, so the two stops often run within
-# milliseconds of each other; both then join the same thread and, now and then,
-# srun waits for ever after every task has exited (seen here in about 1 job in 30:
-# the job sat RUNNING until the test's timeout). Slurm's current source guards the
-# agent with a mutex and a start count; 22.05.8 does not. Ending component 1 a few
-# seconds later puts its stop after component 0's. That makes the hang rarer at
-# best: one hung with the components 3 s apart, its second stop joining a thread the
-# first had already joined (docs/slurm.rst). The wrapper traps USR1, USR2 and TERM only so
-# that bash survives them: Slurm signals every process of a task, so the training
-# script gets them itself (the checkpoint signal, scancel).
-omnihvd_het_late_exit() {
+# omnihvd_het_task: the bash program that hetjob.sbatch wraps around the training
+# command of every task of its heterogeneous step: run "$@", leave "STATUS NTASKS" in
+# OMNIHVD_HET_STATUS_DIR/task.PROCID, exit with the command's status. The wrapper
+# traps USR1, USR2 and TERM only so that bash survives them and still writes the
+# file: Slurm signals every process of a task, so the training script gets them
+# itself (the checkpoint signal, scancel, --kill-on-bad-exit).
+omnihvd_het_task() {
     # shellcheck disable=SC2016  # the program is expanded by the task's bash
-    printf '%s' 'trap : USR1 USR2 TERM; "$@"; status=$?; sleep '"${OMNIHVD_HET_EXIT_STAGGER:-3}"'; exit $status'
+    printf '%s' 'trap : USR1 USR2 TERM; "$@"; status=$?
+d="$OMNIHVD_HET_STATUS_DIR"
+echo "$status $SLURM_NTASKS" > "$d/.task.$SLURM_PROCID" && mv "$d/.task.$SLURM_PROCID" "$d/task.$SLURM_PROCID"
+exit $status'
+}
+
+# omnihvd_het_srun SRUN-ARGS...: run the heterogeneous step "srun SRUN-ARGS..."
+# (every task under omnihvd_het_task) and return its exit status, with a bound on
+# one known hang. srun of Slurm 22.05 (Debian 12's) stops the mpi/pmix abort agent
+# once per component; the second stop joins the thread the first already joined,
+# and now and then that join never returns: srun then waits for ever after every
+# task has exited (here about one job in 30 once, none in a later 60; gdb's
+# backtrace and the counts in docs/slurm.rst).
+# So: once every task has left its status, srun gets OMNIHVD_HET_SRUN_GRACE seconds
+# (site.sh) to return; after that it is killed, and the step's status is the highest
+# task status (what srun itself returns). A task killed before it could write (say,
+# SIGKILL after KillWait) leaves the wait unbounded, as without this helper.
+omnihvd_het_srun() {
+    local dir="${OMNIHVD_HET_STATUS_DIR:?omnihvd_het_srun: set OMNIHVD_HET_STATUS_DIR}"
+    local grace="${OMNIHVD_HET_SRUN_GRACE:-30}"
+    local pid all_done="" total status worst f
+    local -a files
+    mkdir -p "$dir" && rm -f "$dir"/task.*
+    srun "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        files=("$dir"/task.*)
+        [ -e "${files[0]}" ] && read -r _ total < "${files[0]}" || total=""
+        if [ -z "$total" ] || [ "${#files[@]}" -lt "$total" ] || [ "$grace" -le 0 ]; then
+            continue
+        fi
+        all_done="${all_done:-$SECONDS}"
+        if (( SECONDS - all_done >= grace )); then
+            worst=0
+            for f in "${files[@]}"; do
+                read -r status _ < "$f"
+                (( status > worst )) && worst=$status
+            done
+            echo "omnihvd-slurm: srun had not returned ${grace} s after all $total tasks" \
+                "exited (the Slurm 22.05 het-step hang, docs/slurm.rst): killed it;" \
+                "highest task status $worst"
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            rm -f "$dir"/task.*; rmdir "$dir" 2>/dev/null
+            return "$worst"
+        fi
+    done
+    wait "$pid"
+    status=$?
+    rm -f "$dir"/task.*; rmdir "$dir" 2>/dev/null
+    return "$status"
 }
 
 # omnihvd_finish STATUS: end the batch script after the training step. STATUS

@@ -14,10 +14,12 @@ OMNIHVD_PARTITION="${OMNIHVD_PARTITION-}"
 # first, component 1 on the second, e.g. "gpu-a100 gpu-v100" or "gpu cpu". EDIT
 OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-fast slow}"
 
-# Seconds that hetjob.sbatch's second component waits after training before it
-# exits: works around an srun hang of Slurm 22.05 (slurm/common.sh,
-# omnihvd_het_late_exit). 0 turns it off, on a Slurm that has the fix.
-OMNIHVD_HET_EXIT_STAGGER="${OMNIHVD_HET_EXIT_STAGGER-3}"
+# slurm/hetjob.sbatch: seconds srun may take to return once every task of the
+# heterogeneous step has exited; then it is killed (an srun hang of Slurm 22.05,
+# slurm/common.sh, omnihvd_het_srun). 0 waits for srun without a bound. The task
+# status files go to OMNIHVD_HET_STATUS_DIR, which every node must see (default: a
+# folder per job in OMNIHVD_LOG_DIR).
+OMNIHVD_HET_SRUN_GRACE="${OMNIHVD_HET_SRUN_GRACE-30}"
 
 # Account to charge ("" = your default account). EDIT
 OMNIHVD_ACCOUNT="${OMNIHVD_ACCOUNT-}"

@@ -24,6 +24,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import slurm_local  # noqa: E402  (tools/ is not a package)
+from mpirun import run_bounded  # noqa: E402
 
 SUBMIT = os.path.join(ROOT, "slurm", "submit.sh")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -86,6 +87,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 where = srun_threads()   # before scancel: where a hung srun waits
                 self.run("scancel", job, check=False)
+                kill_job_sruns(job)      # a hung srun outlives scancel
                 raise AssertionError("job %s still %s after %d s; log:\n%s\n%s\n%s" % (
                     job, state, timeout, self.log(job), slurm_local._log_tails(self.folder),
                     where))
@@ -113,11 +115,8 @@ def srun_threads() -> str:
     gdb's backtrace where gdb is installed: the evidence of an srun that hangs after
     its tasks have ended (Slurm 22.05's het steps, docs/slurm.rst)."""
     out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in srun_pids():
         try:
-            with open("/proc/%s/comm" % pid) as f:
-                if f.read().strip() != "srun":
-                    continue
             threads = sorted(os.listdir("/proc/%s/task" % pid), key=int)
             waits = []
             for tid in threads:
@@ -127,10 +126,48 @@ def srun_threads() -> str:
             continue
         out.append("--- srun %s threads (tid:wchan): %s" % (pid, " ".join(waits)))
         if shutil.which("gdb"):
-            bt = subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"],
-                                capture_output=True, text=True, timeout=120)
-            out.append(bt.stdout[-8000:])
+            try:
+                bt = subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"],
+                                    capture_output=True, text=True, timeout=120)
+                out.append(bt.stdout[-8000:])
+            except subprocess.TimeoutExpired:
+                out.append("(gdb took more than 120 s)")
     return "\n".join(out) or "--- no srun process"
+
+
+def srun_pids():
+    """Pids (strings) of this machine's processes named srun (a script named srun too:
+    the kernel names a process after the file it executed)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().strip() == "srun":
+                    yield pid
+        except OSError:
+            continue
+
+
+def srun_environ(pid):
+    """The environment entries (bytes) of process ``pid``; empty once it is gone."""
+    try:
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def kill_job_sruns(job):
+    """SIGKILL every srun of ``job`` (found by SLURM_JOB_ID in its environment); the
+    pids killed."""
+    killed = []
+    for pid in srun_pids():
+        if ("SLURM_JOB_ID=%s" % job).encode() in srun_environ(pid):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except OSError:
+                continue
+    return killed
 
 
 @pytest.fixture(scope="module")
@@ -308,45 +345,114 @@ def test_every_srun_launch_kills_the_job_on_a_bad_exit():
 
 
 def srun_launches():
-    """(template, srun command) for every srun line of slurm/*.sbatch, continuations joined."""
+    """(template, srun command) for every srun line of slurm/*.sbatch, continuations
+    joined; hetjob.sbatch launches through omnihvd_het_srun, srun's bounded wait."""
     launches = []
     for name in sorted(os.listdir(os.path.join(ROOT, "slurm"))):
         if name.endswith(".sbatch"):
             with open(os.path.join(ROOT, "slurm", name)) as f:
                 text = f.read().replace("\\\n", " ")
             launches += [(name, " ".join(line.split())) for line in text.splitlines()
-                         if line.startswith("srun ")]
+                         if line.startswith(("srun ", "omnihvd_het_srun "))]
     return launches
 
 
-def test_hetjob_components_end_apart():
-    # Slurm 22.05's srun can hang for good when two components of a heterogeneous
-    # step end at the same instant (slurm/common.sh, omnihvd_het_late_exit): the
-    # template runs component 1's training command through the late-exit wrapper.
+def test_hetjob_runs_every_task_under_the_status_wrapper():
+    # omnihvd_het_srun can bound srun's wait only if every task leaves its status
+    # (slurm/common.sh): both components run the same wrapped training command.
     (line,) = [line for name, line in srun_launches() if name == "hetjob.sbatch"]
+    assert line.startswith("omnihvd_het_srun "), line
     first, second = line.split(" : ")
-    assert "--het-group=0" in first and "omnihvd_het_late_exit" not in first, line
-    assert "--het-group=1" in second and 'bash -c "$(omnihvd_het_late_exit)"' in second, line
-    assert first.split("--het-group=0 ")[1] in second, "the components run different scripts"
+    assert "--het-group=0" in first and "--het-group=1" in second, line
+    for component in (first, second):
+        assert '"${TASK[@]}" "${TRAIN[@]}" "$@"' in component, line
+
+
+FAKE_SRUN = """#!%s
+# A stand-in for srun: runs each ":"-separated component's command (its leading
+# options dropped) as tasks 0, 1, ... with SLURM_PROCID and SLURM_NTASKS, waits for
+# them, then hangs (FAKE_SRUN_THEN=hang, Slurm 22.05's het-step srun now and then)
+# or exits with the status FAKE_SRUN_THEN.
+import os, subprocess, sys, time
+components, current = [], []
+for arg in sys.argv[1:]:
+    if arg == ":":
+        components.append(current)
+        current = []
+    else:
+        current.append(arg)
+components.append(current)
+tasks = []
+for rank, command in enumerate(components):
+    while command and command[0].startswith("--"):
+        command.pop(0)
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(len(components)))
+    tasks.append(subprocess.Popen(command, env=env))
+for task in tasks:
+    task.wait()
+if os.environ["FAKE_SRUN_THEN"] == "hang":
+    time.sleep(600)
+sys.exit(int(os.environ["FAKE_SRUN_THEN"]))
+"""
+
+
+def het_srun(tmp_path, then, statuses, wrapped=True, grace=2):
+    """omnihvd_het_srun over a fake srun whose tasks exit with ``statuses``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(FAKE_SRUN % sys.executable)
+    (bin_dir / "srun").chmod(0o755)
+    task = '"${TASK[@]}" ' if wrapped else ""
+    components = " : ".join("--het-group=%d %sbash -c 'exit %d'" % (i, task, s)
+                            for i, s in enumerate(statuses))
+    script = ('source "%s/slurm/common.sh" && TASK=(bash -c "$(omnihvd_het_task)" t) && '
+              'omnihvd_het_srun %s; echo "status=$?"' % (ROOT, components))
+    env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
+               OMNIHVD_HET_STATUS_DIR=str(tmp_path / "status"), OMNIHVD_HET_SRUN_GRACE=str(grace),
+               FAKE_SRUN_THEN=str(then))
+    start = time.monotonic()
+    proc = run_bounded(["bash", "-c", script], 120, env)  # a hang fails, leaving nothing
+    return proc.stdout, time.monotonic() - start
+
+
+def test_het_srun_kills_an_srun_that_hangs_after_every_task_exited(tmp_path):
+    out, took = het_srun(tmp_path, "hang", [0, 3])
+    assert out.strip().endswith("status=3"), out   # the highest task status, as srun's
+    assert "killed it; highest task status 3" in out, out
+    assert took < 60, took   # the 600 s hang was cut short (2 s grace)
+    mine = ("OMNIHVD_HET_STATUS_DIR=%s" % (tmp_path / "status")).encode()
+    assert not [p for p in srun_pids() if mine in srun_environ(p)], "the fake srun survived"
+    assert not os.path.exists(tmp_path / "status")
 
 
 @pytest.mark.parametrize("status", [0, 7])
-def test_het_late_exit_keeps_the_status_survives_signals_and_waits(status):
-    # The wrapper: the command's exit status, after OMNIHVD_HET_EXIT_STAGGER seconds;
-    # a USR1 to the task (Slurm signals every process of it) reaches the training
-    # script and does not kill the wrapper.
-    script = ('trap : USR1; source "%s/slurm/common.sh" && OMNIHVD_HET_EXIT_STAGGER=1 && '
-              'bash -c "$(omnihvd_het_late_exit)" task bash -c \''
-              'trap "echo got-usr1" USR1; sleep 0.6 & wait; exit %d\'' % (ROOT, status))
+def test_het_srun_returns_srun_own_status_when_it_returns(tmp_path, status):
+    out, _ = het_srun(tmp_path, status, [0, status])
+    assert out.strip().endswith("status=%d" % status) and "killed" not in out, out
+
+
+def test_het_srun_waits_without_a_bound_for_tasks_that_left_no_status(tmp_path):
+    # tasks not under the wrapper (or killed before writing): srun decides, however long
+    out, took = het_srun(tmp_path, 5, [0, 0], wrapped=False, grace=1)
+    assert out.strip().endswith("status=5") and "killed" not in out, out
+
+
+def test_het_task_keeps_the_status_survives_signals_and_leaves_it(tmp_path):
+    # A USR1 to the task (Slurm signals every process of it) reaches the training
+    # script and does not kill the wrapper, which records the script's status.
+    script = ('trap : USR1; source "%s/slurm/common.sh" && '
+              'bash -c "$(omnihvd_het_task)" task bash -c \''
+              'trap "echo got-usr1" USR1; sleep 0.6 & wait; exit 7\'' % ROOT)
+    env = dict(os.environ, OMNIHVD_HET_STATUS_DIR=str(tmp_path), SLURM_PROCID="3",
+               SLURM_NTASKS="4")
     proc = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGUSR1)
-    start = time.monotonic()
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == status, (proc.returncode, out)
+    assert proc.returncode == 7, (proc.returncode, out)
     assert "got-usr1" in out, out
-    assert time.monotonic() - start >= 1.0  # the stagger itself, not a speed target
+    assert (tmp_path / "task.3").read_text().split() == ["7", "4"]
 
 
 def test_srun_threads_names_every_thread_of_a_waiting_srun(tmp_path):
@@ -364,3 +470,19 @@ def test_srun_threads_names_every_thread_of_a_waiting_srun(tmp_path):
         proc.kill()
         proc.wait()
     assert "srun %d " % proc.pid not in srun_threads()
+
+
+def test_kill_job_sruns_kills_only_that_jobs_srun(tmp_path):
+    fake = tmp_path / "srun"
+    shutil.copy(shutil.which("sleep"), fake)
+    ours = subprocess.Popen([str(fake), "60"], env=dict(os.environ, SLURM_JOB_ID="4242"))
+    other = subprocess.Popen([str(fake), "60"], env=dict(os.environ, SLURM_JOB_ID="42420"))
+    try:
+        time.sleep(0.2)
+        assert kill_job_sruns("4242") == [ours.pid]
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
