@@ -376,8 +376,18 @@ def run_scenario(args, name: str, spec: str) -> dict:
                 name, repeat, mode, ",".join(map(str, split)) if split else "",
                 "%.3f s, sizes %s, foreign cpu %.1f s" % (rec["measured_s"], rec["final_sizes"],
                                                           rec["foreign_cpu_s"])
-                if "measured_s" in rec else "FAILED: " + rec["error"]), flush=True)
+                if "measured_s" in rec else "FAILED: " + failure(rec)), flush=True)
     return summarize(name, spec, phases, B, runs, args)
+
+
+def failure(record: dict) -> str:
+    """A failed run's error with the last line its processes printed (mpirun's reason).
+
+    >>> failure({"error": "exit 1", "output_tail": "x\\nmpirun has detected root\\n"})
+    'exit 1; last output: mpirun has detected root'
+    """
+    last = [line.strip() for line in record.get("output_tail", "").splitlines() if line.strip()]
+    return record["error"] + ("; last output: " + last[-1] if last else "")
 
 
 def _median(runs, mode, split=None):
@@ -559,7 +569,7 @@ def main(argv=None):
                for p in parse_spec(spec, args.available)):
             raise SystemExit("CPU quotas are not available here: %s" % exc)
     started = time.time()
-    doc = {"scenarios": []}
+    doc, failed = {"scenarios": []}, []
     if args.merge and os.path.exists(args.out + ".json"):
         with open(args.out + ".json") as f:
             doc = json.load(f)
@@ -567,6 +577,12 @@ def main(argv=None):
         print("scenario %s (%s): %d repeats" % (name, spec, args.repeats), flush=True)
         result = run_scenario(args, name, spec)
         key = (name, result["period_us"], result["env"])
+        if not any("measured_s" in r for r in result["runs"]):
+            failed.append(name)
+            if any((s["scenario"], s["period_us"], s["env"]) == key for s in doc["scenarios"]):
+                print("  -> every run failed: the earlier %s result in %s.json is kept"
+                      % (name, args.out), flush=True)
+                continue
         doc["scenarios"] = [s for s in doc["scenarios"]
                             if (s["scenario"], s["period_us"], s["env"]) != key] + [result]
         doc.update({
@@ -590,6 +606,9 @@ def main(argv=None):
                                  _fmt(result["omnihvd_vs_plain"], "%.3f"),
                                  _fmt(result["omnihvd_spread"], "%.3f")), flush=True)
     print("results: %s.json, %s.md" % (args.out, args.out))
+    if failed:
+        print("every run failed in: %s" % ", ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

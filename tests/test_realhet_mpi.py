@@ -92,9 +92,19 @@ def test_realhet_reports_a_failed_run_and_cleans_up(tmp_path):
     env = mpi_env()
     env["PYTHONPATH"] = ROOT
     proc = run_bounded(cmd, 200, env)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 1, proc.stdout[-4000:]   # every run of a scenario failed
+    assert "every run failed in: one" in proc.stdout, proc.stdout[-4000:]
+    assert "FAILED: " in proc.stdout and "; last output: " in proc.stdout, proc.stdout[-4000:]
     (s,) = json.load(open(str(out) + ".json"))["scenarios"]
     assert s["failed_runs"] == 1 and s["plain_s"] is None
     (run,) = s["runs"]
     assert run["rc"] != 0 and ("exited" in run["error"] or "0 of 2 epoch lines" in run["error"])
     assert _leftovers([run]) == ([], [])
+    # run again with --merge over a good result: the failure does not replace it
+    good = dict(s, plain_s=1.25, failed_runs=0)
+    with open(str(out) + ".json", "w") as f:
+        json.dump({"scenarios": [good]}, f)
+    proc = run_bounded(cmd + ["--merge"], 200, env)
+    assert proc.returncode == 1 and "earlier one result" in proc.stdout, proc.stdout[-4000:]
+    (kept,) = json.load(open(str(out) + ".json"))["scenarios"]
+    assert kept["plain_s"] == 1.25
