@@ -372,7 +372,7 @@ FAKE_SRUN = """#!%s
 # A stand-in for srun: runs each ":"-separated component's command (its leading
 # options dropped) as tasks 0, 1, ... with SLURM_PROCID and SLURM_NTASKS, waits for
 # them, then hangs (FAKE_SRUN_THEN=hang, Slurm 22.05's het-step srun now and then)
-# or exits with the status FAKE_SRUN_THEN.
+# or, after FAKE_SRUN_DELAY seconds, exits with the status FAKE_SRUN_THEN.
 import os, subprocess, sys, time
 components, current = [], []
 for arg in sys.argv[1:]:
@@ -392,12 +392,14 @@ for task in tasks:
     task.wait()
 if os.environ["FAKE_SRUN_THEN"] == "hang":
     time.sleep(600)
+time.sleep(float(os.environ.get("FAKE_SRUN_DELAY", "0")))
 sys.exit(int(os.environ["FAKE_SRUN_THEN"]))
 """
 
 
-def het_srun(tmp_path, then, statuses, wrapped=True, grace=2):
-    """omnihvd_het_srun over a fake srun whose tasks exit with ``statuses``."""
+def het_srun(tmp_path, then, statuses, wrapped=True, grace=2, delay=0):
+    """omnihvd_het_srun over a fake srun whose tasks exit with ``statuses``; the
+    output and the seconds it took."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN % sys.executable)
@@ -409,7 +411,7 @@ def het_srun(tmp_path, then, statuses, wrapped=True, grace=2):
               'omnihvd_het_srun %s; echo "status=$?"' % (ROOT, components))
     env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
                OMNIHVD_HET_STATUS_DIR=str(tmp_path / "status"), OMNIHVD_HET_SRUN_GRACE=str(grace),
-               FAKE_SRUN_THEN=str(then))
+               FAKE_SRUN_THEN=str(then), FAKE_SRUN_DELAY=str(delay))
     start = time.monotonic()
     proc = run_bounded(["bash", "-c", script], 120, env)  # a hang fails, leaving nothing
     return proc.stdout, time.monotonic() - start
@@ -427,14 +429,17 @@ def test_het_srun_kills_an_srun_that_hangs_after_every_task_exited(tmp_path):
 
 @pytest.mark.parametrize("status", [0, 7])
 def test_het_srun_returns_srun_own_status_when_it_returns(tmp_path, status):
-    out, _ = het_srun(tmp_path, status, [0, status])
+    # srun returning within the grace (1 s after its tasks, of 3) is never cut short
+    out, _ = het_srun(tmp_path, status, [0, status], grace=3, delay=1)
     assert out.strip().endswith("status=%d" % status) and "killed" not in out, out
 
 
 def test_het_srun_waits_without_a_bound_for_tasks_that_left_no_status(tmp_path):
-    # tasks not under the wrapper (or killed before writing): srun decides, however long
-    out, took = het_srun(tmp_path, 5, [0, 0], wrapped=False, grace=1)
+    # tasks not under the wrapper (or killed before writing): srun decides, however
+    # long it takes after its tasks (here 4 s, past the 1 s grace)
+    out, took = het_srun(tmp_path, 5, [0, 0], wrapped=False, grace=1, delay=4)
     assert out.strip().endswith("status=5") and "killed" not in out, out
+    assert took >= 4, took
 
 
 def test_het_task_keeps_the_status_survives_signals_and_leaves_it(tmp_path):
