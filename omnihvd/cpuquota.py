@@ -24,11 +24,6 @@ __all__ = ["CpuLimitError", "CpuController", "Quota", "find_cpu_controller", "cp
            "cpu_quota_cores", "parse_mountinfo", "rooted", "read_text"]
 
 
-__all__ = ["CpuLimitError", "CpuController", "Quota", "QuotaGroup", "find_cpu_controller",
-           "cpu_quotas", "pin", "threads", "descendants", "process_tree", "parse_mountinfo",
-           "remove_stale_groups", "kill_session"]
-
-
 class CpuLimitError(OmniHvdError):
     """A core set or quota cannot be applied; the message says why and how to fix it."""
 

@@ -171,9 +171,9 @@ def speed_change_start(samples):
     0
     """
     arr = _valid(samples)
-    if arr.ndim == 1:
-        return _change_start_1d(arr.tolist())
-    lanes = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(0, 1)
+    if arr.ndim <= 1:  # one lane (a scalar is a window of one sample)
+        return _change_start_1d(arr.ravel().tolist())
+    lanes = arr.reshape(arr.shape[0], int(np.prod(arr.shape[1:])))
     start = np.zeros(lanes.shape[1], dtype=np.int64)
     if lanes.shape[0] >= 2 * MIN_SEGMENT:
         clipped, total = _clip_rare(lanes, 0)
@@ -192,8 +192,6 @@ def speed_change_start(samples):
         best = np.argmax(z, axis=0)
         found = np.take_along_axis(z, best[None], axis=0)[0] >= CHANGE_SIGNIFICANCE
         start = np.where(found, best + 1, 0)
-    if arr.ndim <= 1:
-        return int(start[0])
     return start.reshape(arr.shape[1:])
 
 

@@ -103,6 +103,12 @@ omnihvd_het_srun() {
     local grace="${OMNIHVD_HET_SRUN_GRACE:-30}"
     local pid all_done="" total status worst f
     local -a files
+    case "$grace" in
+        *[!0-9]*|"")
+            echo "omnihvd-slurm: OMNIHVD_HET_SRUN_GRACE must be whole seconds" \
+                "(0: no bound), not '$grace'" >&2
+            return 2 ;;
+    esac
     mkdir -p "$dir" && rm -f "$dir"/task.*
     srun "$@" &
     pid=$!

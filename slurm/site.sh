@@ -16,7 +16,7 @@ OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-fast slow}"
 
 # slurm/hetjob.sbatch: seconds srun may take to return once every task of the
 # heterogeneous step has exited; then it is killed (an srun hang of Slurm 22.05,
-# slurm/common.sh, omnihvd_het_srun). 0 waits for srun without a bound. The task
+# slurm/common.sh, omnihvd_het_srun). Whole seconds; 0 waits for srun without a bound. The task
 # status files go to OMNIHVD_HET_STATUS_DIR, which every node must see (default: a
 # folder per job in OMNIHVD_LOG_DIR).
 OMNIHVD_HET_SRUN_GRACE="${OMNIHVD_HET_SRUN_GRACE-30}"

@@ -434,6 +434,15 @@ def test_het_srun_returns_srun_own_status_when_it_returns(tmp_path, status):
     assert out.strip().endswith("status=%d" % status) and "killed" not in out, out
 
 
+@pytest.mark.parametrize("grace", ["2.5", "-1", "30s"])
+def test_het_srun_refuses_a_grace_that_is_not_whole_seconds(tmp_path, grace):
+    # before srun starts: a bad value must not turn into a bound of 0 s
+    out, _ = het_srun(tmp_path, 0, [0, 0], grace=grace)
+    assert out.strip().endswith("status=2"), out
+    assert "must be whole seconds (0: no bound), not '%s'" % grace in out, out
+    assert not (tmp_path / "status").exists(), "srun ran"
+
+
 def test_het_srun_waits_without_a_bound_for_tasks_that_left_no_status(tmp_path):
     # tasks not under the wrapper (or killed before writing): srun decides, however
     # long it takes after its tasks (here 4 s, past the 1 s grace)

@@ -196,6 +196,14 @@ def test_speed_change_start_per_lane_with_missing_entries():
     assert speed_change_start(x).tolist() == [6, 0, 0]
 
 
+def test_speed_change_start_of_windows_too_small_to_split():
+    # a scalar, an empty window and one with no steps yet answer "no change"
+    assert speed_change_start(0.3) == 0
+    assert speed_change_start([]) == 0
+    assert speed_change_start(np.zeros((0, 3))).tolist() == [0, 0, 0]
+    assert speed_change_start(np.full((4, 2, 2), 0.2)).shape == (2, 2)
+
+
 def test_the_scalar_change_scan_answers_as_the_lane_scan_does():
     # one rank's window runs the plain-Python scan; many lanes run numpy's
     rng = np.random.default_rng(2)
