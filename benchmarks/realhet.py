@@ -62,8 +62,16 @@ SCENARIOS = {
     "HL4": "quota=HL4",
     "HL8": "quota=HL8",
     "2:1:1->1:2:1": "pin=0,1,1 | pin=1,0,1",
+    # The same quotas, each rank also given a core of its own or shared (docker --cpus
+    # with --cpuset-cpus): MPI's polling thread then competes with the training thread
+    # on one CPU instead of using the quota on the other (docs/cpu-quotas.rst).
+    "quota-100/60/30+cpuset": "pin=0,1,1 quota=1,0.6,0.3",
+    "HL2+cpuset": "pin=0,0,1,1 quota=HL2",
+    "HL4+cpuset": "pin=0,0,0,1 quota=HL4",
+    "HL8+cpuset": "pin=0,0,0,1 quota=HL8",
 }
-DEFAULT_SCENARIOS = ("2:1:1", "3:1:1:1", "quota-100/60/30", "HL2", "HL4", "HL8", "2:1:1->1:2:1")
+DEFAULT_SCENARIOS = ("2:1:1", "3:1:1:1", "quota-100/60/30", "HL2", "HL4", "HL8", "2:1:1->1:2:1",
+                     "quota-100/60/30+cpuset", "HL2+cpuset", "HL4+cpuset", "HL8+cpuset")
 EPOCH_LINE = re.compile(r"^epoch (\d+): ([\d.]+) s, test accuracy ([\d.]+), batch sizes "
                         r"\[([\d, ]+)\]")
 
@@ -113,31 +121,44 @@ def parse_spec(spec: str, available: Sequence[int]) -> List[Phase]:
     return phases
 
 
+def _fill(caps: List[float], free: float) -> List[float]:
+    """Share ``free`` cores between threads capped at ``caps`` (water-filling: what
+    capped ones leave goes to the others)."""
+    out, left = [0.0] * len(caps), list(range(len(caps)))
+    while left:
+        fair = free / len(left)
+        capped = [r for r in left if caps[r] <= fair]
+        if not capped:
+            for r in left:
+                out[r] = fair
+            break
+        for r in capped:
+            out[r] = caps[r]
+            free -= caps[r]
+            left.remove(r)
+    return out
+
+
 def shares(phase: Phase, available: Sequence[int]) -> List[float]:
-    """Each rank's expected CPU in cores: one busy thread per rank, CPUs split equally
-    between the ranks pinned to them, capped by the quota; unpinned ranks share all
-    CPUs, and what capped ranks leave goes to the others (water-filling)."""
+    """Each rank's expected CPU in cores: one busy thread per rank, capped by its quota;
+    unpinned ranks share all CPUs, pinned ones each CPU of their set (a rank's cap
+    split evenly over its CPUs), and what capped ranks leave goes to the others.
+
+    >>> shares(parse_phase("pin=0,1,1 quota=1,0.6,0.3", [0, 1]), [0, 1])
+    [1.0, 0.6, 0.3]
+    >>> shares(parse_phase("pin=0,1,1", [0, 1]), [0, 1])
+    [1.0, 0.5, 0.5]
+    """
     n = phase.num_ranks
     cap = [1.0] * n if phase.quota is None else [min(1.0, q) for q in phase.quota]
     if phase.cpus is None:
-        out, free, left = [0.0] * n, float(len(available)), list(range(n))
-        while left:
-            fair = free / len(left)
-            capped = [r for r in left if cap[r] <= fair]
-            if not capped:
-                for r in left:
-                    out[r] = fair
-                break
-            for r in capped:
-                out[r] = cap[r]
-                free -= cap[r]
-                left.remove(r)
-        return out
-    users = {}
-    for cpus in phase.cpus:
-        for c in cpus:
-            users[c] = users.get(c, 0) + 1
-    return [min(cap[r], sum(1.0 / users[c] for c in cpus)) for r, cpus in enumerate(phase.cpus)]
+        return _fill(cap, float(len(available)))
+    out = [0.0] * n
+    for cpu in sorted({c for cpus in phase.cpus for c in cpus}):
+        users = [r for r, cpus in enumerate(phase.cpus) if cpu in cpus]
+        for r, got in zip(users, _fill([cap[r] / len(phase.cpus[r]) for r in users], 1.0)):
+            out[r] += got
+    return out
 
 
 def candidate_splits(phases: List[Phase], B: int, lambdas: Sequence[float],

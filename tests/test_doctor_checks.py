@@ -94,15 +94,36 @@ def fake_cgroup_root(tmp_path, quota_us, period_us, version="v1"):
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_cpu_quota_with_the_default_100ms_period_warns_with_the_fix(tmp_path, version):
-    check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 250000, 100000, version))
+    check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 250000, 100000, version),
+                                    cpus=3)
     assert check.status == "WARN", check
-    assert "2.50 cores per 100 ms" in check.detail
+    assert "2.50 cores per 100 ms" in check.detail and "more than" not in check.detail
     assert "cpu-period" in check.fix and "docs/cpu-quotas.rst" in check.fix
+    assert "--bind-to core" not in check.fix   # 3 CPUs for 2.5 cores: nothing to narrow
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cpu_quota_on_more_cpus_than_it_allows_warns_with_the_fix(tmp_path, version):
+    # 0.3 cores on 2 CPUs: MPI's thread polls beside the training thread
+    check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 3000, 10000, version),
+                                    cpus=2)
+    assert check.status == "WARN", check
+    assert "may run on 2 CPUs, more than the 0.30 cores" in check.detail
+    assert "--cpuset-cpus" in check.fix and "--bind-to core" in check.fix
+    assert "cpu-period" not in check.fix   # the 10 ms period is fine
+    one = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "one", 3000, 10000, version),
+                                  cpus=1)
+    assert one.status == "OK", one
+    both = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "b", 30000, 100000, version),
+                                   cpus=4)
+    assert both.status == "WARN" and "cpu-period" in both.fix and "--cpuset-cpus" in both.fix
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_cpu_quota_with_a_short_period_or_none_is_ok(tmp_path, version):
-    short = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "a", 25000, 10000, version))
+    short = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "a", 25000, 10000, version),
+                                    cpus=3)
     assert short.status == "OK" and "2.50 cores per 10 ms" in short.detail
-    none = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "b", -1, 100000, version))
+    none = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "b", -1, 100000, version),
+                                   cpus=64)
     assert none == Check("CPU quota", "OK", "no CFS quota on this process")

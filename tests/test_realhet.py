@@ -19,6 +19,12 @@ def test_shares_and_candidate_splits():
     assert realhet.shares(quota, cpus) == pytest.approx([1.0, 0.6, 0.3])
     crowded = realhet.parse_spec("quota=1,1,1", cpus)[0]   # 3 busy ranks on 2 CPUs
     assert realhet.shares(crowded, cpus) == pytest.approx([2 / 3] * 3)
+    pinned = realhet.parse_spec("pin=0,1,1 quota=1,0.6,0.3", cpus)[0]  # 0.9 of CPU 1 used
+    assert realhet.shares(pinned, cpus) == pytest.approx([1.0, 0.6, 0.3])
+    packed = realhet.parse_spec("pin=0,0,0,1 quota=1,0.6,0.3,1", cpus)[0]  # CPU 0 is short
+    assert realhet.shares(packed, cpus) == pytest.approx([0.35, 0.35, 0.3, 1.0])
+    spread = realhet.parse_spec("pin=0-1,1 quota=1,1", cpus)[0]  # rank 0: half its cap a CPU
+    assert realhet.shares(spread, cpus) == pytest.approx([1.0, 0.5])
     hl8 = realhet.parse_spec("quota=HL8", cpus)[0]
     assert hl8.quota == pytest.approx([6 / 32, 6 / 32, 4 / 32, 1.0])
     splits = realhet.candidate_splits(two_to_one, 192, [0.8, 1.0, 1.2], cpus)
@@ -48,3 +54,9 @@ def test_disturbed_runs_are_run_again(monkeypatch):
     assert [r["foreign_cpu_s"] for r in runs] == [0.5, 0.2]
     assert runs[0]["disturbed_before"] == 2 and "disturbed_before" not in runs[1]
     assert not realhet.disturbed({"foreign_cpu_s": 9.0}, None)
+
+
+def test_the_harness_docstring_examples():
+    import doctest
+    result = doctest.testmod(realhet)
+    assert result.attempted >= 3 and result.failed == 0, result

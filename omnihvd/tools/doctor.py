@@ -21,6 +21,7 @@ This module imports only the standard library, so it works when everything else
 is broken.
 """
 import json
+import math
 import os
 import re
 import shutil
@@ -518,8 +519,17 @@ QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
              "see docs/cpu-quotas.rst")
 
 
-def _check_cpu_quota(root: str = "/") -> Check:
-    """WARN when this process runs under a CFS quota with a long period (docs/cpu-quotas.rst)."""
+# A quota smaller than the CPUs a rank may run on lets MPI's polling thread use the
+# quota on another CPU while the training thread computes (docs/cpu-quotas.rst).
+SPREAD_FIX = ("give each rank as many CPUs of its own as its quota allows, rounded up: "
+              "docker run --cpuset-cpus with --cpus, mpirun --bind-to core (one core per "
+              "rank), or taskset; see docs/cpu-quotas.rst")
+
+
+def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
+    """WARN when this process runs under a CFS quota with a long period, or under a
+    quota of fewer cores than the ``cpus`` it may run on (default: its affinity),
+    see docs/cpu-quotas.rst."""
     from ..cpuquota import cpu_quotas
 
     quotas = cpu_quotas("self", root=root)
@@ -527,13 +537,24 @@ def _check_cpu_quota(root: str = "/") -> Check:
         return Check("CPU quota", OK, "no CFS quota on this process")
     detail = "; ".join("%.2f cores per %g ms (%s)" % (q.cores, q.period_us / 1000, q.path)
                        for q in quotas)
-    long = [q for q in quotas if q.period_us > QUOTA_PERIOD_LIMIT_US]
-    if not long:
+    problems, fixes = [], []
+    if any(q.period_us > QUOTA_PERIOD_LIMIT_US for q in quotas):
+        problems.append("with a period this long, a rank that polls in MPI while waiting for "
+                        "its peers uses up its quota and stalls for the rest of the period "
+                        "(Horovod steps can take 10-30x longer)")
+        fixes.append(QUOTA_FIX)
+    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+    cores = min(q.cores for q in quotas)
+    if cpus > math.ceil(cores):
+        problems.append("the process may run on %d CPUs, more than the %.2f cores of its quota: "
+                        "Horovod's MPI thread polls on one CPU while the training thread "
+                        "computes on another, both from the one quota, so equal ranks run "
+                        "at unequal speeds that change from step to step" % (cpus, cores))
+        fixes.append(SPREAD_FIX)
+    if not problems:
         return Check("CPU quota", OK, detail)
-    return Check("CPU quota", WARN, "CFS quota " + detail + ": with a period this long, a rank "
-                 "that polls in MPI while waiting for its peers uses up its quota and stalls "
-                 "for the rest of the period (Horovod steps can take 10-30x longer)",
-                 QUOTA_FIX)
+    return Check("CPU quota", WARN, "CFS quota " + detail + ": " + "; and ".join(problems),
+                 "; and ".join(fixes))
 
 
 def _signal_name(number: int) -> str:
