@@ -73,7 +73,7 @@ SCENARIOS = {
 DEFAULT_SCENARIOS = ("2:1:1", "3:1:1:1", "quota-100/60/30", "HL2", "HL4", "HL8", "2:1:1->1:2:1",
                      "quota-100/60/30+cpuset", "HL2+cpuset", "HL4+cpuset", "HL8+cpuset")
 EPOCH_LINE = re.compile(r"^epoch (\d+): ([\d.]+) s, test accuracy ([\d.]+), batch sizes "
-                        r"\[([\d, ]+)\]")
+                        r"\[([\d, ]+)\](?:, overhead ([\d.]+) ms/step)?")
 
 
 class Phase(NamedTuple):
@@ -348,7 +348,9 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         if m:
             record["epochs"].append({"epoch": int(m.group(1)), "seconds": float(m.group(2)),
                                      "accuracy": float(m.group(3)),
-                                     "sizes": [int(v) for v in m.group(4).split(",")]})
+                                     "sizes": [int(v) for v in m.group(4).split(",")],
+                                     # the callback's own cost per step on rank 0
+                                     "overhead_ms": float(m.group(5)) if m.group(5) else None})
     if proc.returncode != 0 or error or len(record["epochs"]) != epochs:
         record["error"] = error or "exit %s, %d of %d epoch lines" % (
             proc.returncode, len(record["epochs"]), epochs)

@@ -50,7 +50,7 @@ from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
 from .comm import HorovodComm, LocalComm, PendingGather, make_comm
 from .controller import partial_split
-from .cpuquota import cpu_quota_cores
+from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
 from .errors import ConfigError
 from .losses import check_batch_length, checked_count, total_count
 from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report, worker_label
@@ -118,6 +118,8 @@ class OmniLearnCallback(ScheduledSizes):
         cpu_quota: ``"auto"`` (default: this process's CFS quota in cores, read from
             its cgroup at the start and at every adjustment), None (ignore quotas)
             or a number of cores; a step then lasts at least its CPU time over it.
+            A rank whose quota may run on more CPUs than it can fill logs a warning
+            once (:func:`omnihvd.cpuquota.quota_spread`).
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -255,6 +257,7 @@ class OmniLearnCallback(ScheduledSizes):
     def _init_state(self):
         """The state of a run that has not started: no step, no gather, no hooks."""
         self._timer = StepTimer()
+        self._warned_spread = False  # quota_spread is logged once per rank
         self._weight = GradientWeight(1.0)
         self._pending = None          # the posted gather of this step
         self._step_sizes: Optional[List[int]] = None
@@ -302,6 +305,10 @@ class OmniLearnCallback(ScheduledSizes):
     def _refresh_quota(self):
         option = self._options.cpu_quota
         self._timer.cpu_cores = cpu_quota_cores() if option == "auto" else option
+        spread = quota_spread(self._timer.cpu_cores, usable_cpus())
+        if option == "auto" and spread and not self._warned_spread:
+            self._warned_spread = True
+            log.warning("omnihvd: rank %d: %s; %s", self.rank, spread, SPREAD_FIX)
 
     def _partial_split(self, sizes, total):
         # the controller's bounds now: memory caps may have lowered them

@@ -14,6 +14,7 @@ only the standard library.
     >>> cpu_quotas(root="/nonexistent")
     []
 """
+import math
 import os
 import re
 from typing import List, NamedTuple, Optional
@@ -21,7 +22,13 @@ from typing import List, NamedTuple, Optional
 from .errors import OmniHvdError
 
 __all__ = ["CpuLimitError", "CpuController", "Quota", "find_cpu_controller", "cpu_quotas",
-           "cpu_quota_cores", "parse_mountinfo", "rooted", "read_text"]
+           "cpu_quota_cores", "quota_spread", "usable_cpus", "SPREAD_FIX", "parse_mountinfo", "rooted",
+           "read_text"]
+
+# The cure for quota_spread's finding (docs/cpu-quotas.rst).
+SPREAD_FIX = ("give each rank as many CPUs of its own as its quota allows, rounded up: "
+              "docker run --cpuset-cpus with --cpus, mpirun --bind-to core (one core per "
+              "rank), or taskset; see docs/cpu-quotas.rst")
 
 
 class CpuLimitError(OmniHvdError):
@@ -214,3 +221,32 @@ def cpu_quota_cores(pid="self", root: str = "/") -> Optional[float]:
     """
     quotas = cpu_quotas(pid, root)
     return min(q.cores for q in quotas) if quotas else None
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+def quota_spread(cores: Optional[float], cpus: int) -> Optional[str]:
+    """What goes wrong when a quota of ``cores`` may run on ``cpus`` CPUs, more than
+    it can fill (``cpus > ceil(cores)``); None when it cannot (or without a quota).
+
+    Horovod's background thread coordinates with its peers over MPI every cycle, and
+    Open MPI polls while it waits. On a CPU of its own that polling spends the rank's
+    quota while the training thread computes on another, so a rank's speed depends on
+    how long its peers keep it polling: on this project's machine, ranks with equal
+    quotas measured up to 1.6x apart from one window of steps to the next. On the
+    training thread's CPU the two threads share the CPU instead (docs/cpu-quotas.rst).
+
+    >>> quota_spread(0.3, 2).split(":")[0]
+    'a CPU quota of 0.30 cores over 2 CPUs'
+    >>> quota_spread(0.3, 1) is None and quota_spread(None, 8) is None
+    True
+    """
+    if cores is None or cpus <= math.ceil(cores):
+        return None
+    return ("a CPU quota of %.2f cores over %d CPUs: Horovod's MPI thread polls on one CPU "
+            "while the training thread computes on another, both from the one quota, so "
+            "equal ranks run at unequal speeds that change from step to step" % (cores, cpus))

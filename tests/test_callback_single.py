@@ -249,6 +249,26 @@ def test_mark_compute_end_keeps_samples_with_explicit_synchronize(data, caplog):
     assert all(h["samples"][0] >= 1 for h in cb.history)
 
 
+@pytest.mark.parametrize("cpus, warned", [(2, 1), (1, 0)])
+def test_a_quota_over_more_cpus_than_it_fills_warns_once(data, caplog, monkeypatch, cpus,
+                                                         warned):
+    # 0.3 cores over 2 CPUs: MPI's polling thread spends the quota beside the
+    # training thread (docs/cpu-quotas.rst); on 1 CPU the two share it
+    import omnihvd.callback
+
+    monkeypatch.setattr(omnihvd.callback, "cpu_quota_cores", lambda: 0.3)
+    monkeypatch.setattr(omnihvd.callback, "usable_cpus", lambda: cpus)
+    model, opt, cb = build(adjust_every=2)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        train(model, opt, cb, sampler, data, epochs=2)   # a quota re-read at each adjustment
+    found = [r.getMessage() for r in caplog.records if "CPU quota" in r.getMessage()]
+    assert len(found) == warned, found
+    assert not found or ("rank 0: a CPU quota of 0.30 cores over 2 CPUs" in found[0]
+                         and "--cpuset-cpus" in found[0])
+    assert cb._timer.cpu_cores == 0.3
+
+
 def test_explicit_synchronize_without_mark_drops_samples_and_warns_once(data, caplog):
     model, opt, cb = build(adjust_every=2, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)

@@ -97,7 +97,7 @@ def test_cpu_quota_with_the_default_100ms_period_warns_with_the_fix(tmp_path, ve
     check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 250000, 100000, version),
                                     cpus=3)
     assert check.status == "WARN", check
-    assert "2.50 cores per 100 ms" in check.detail and "more than" not in check.detail
+    assert "2.50 cores per 100 ms" in check.detail and "over 3 CPUs" not in check.detail
     assert "cpu-period" in check.fix and "docs/cpu-quotas.rst" in check.fix
     assert "--bind-to core" not in check.fix   # 3 CPUs for 2.5 cores: nothing to narrow
 
@@ -108,7 +108,7 @@ def test_cpu_quota_on_more_cpus_than_it_allows_warns_with_the_fix(tmp_path, vers
     check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 3000, 10000, version),
                                     cpus=2)
     assert check.status == "WARN", check
-    assert "may run on 2 CPUs, more than the 0.30 cores" in check.detail
+    assert "a CPU quota of 0.30 cores over 2 CPUs" in check.detail
     assert "--cpuset-cpus" in check.fix and "--bind-to core" in check.fix
     assert "cpu-period" not in check.fix   # the 10 ms period is fine
     one = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "one", 3000, 10000, version),

@@ -55,6 +55,9 @@ def test_realhet_smoke(tmp_path):
         assert all(d.startswith("omnihvd: step ") for d in r["decisions"])
         assert [c["phase"] for c in r["changes"]] == [0, 1] and r["changes"][1]["after_epoch"] == 0
     assert runs[0]["decisions"] == []   # plain Horovod: no omnihvd log
+    # the callback's own cost per step, from the epoch line (plain has no callback)
+    assert {e["overhead_ms"] for e in runs[0]["epochs"]} == {0.0}
+    assert all(e["overhead_ms"] > 0 for e in runs[1]["epochs"]), runs[1]["epochs"]
     assert s["plain_s"] > 0 and s["omnihvd_s"] > 0
     table = open(str(out) + ".md").read()
     assert "| swap | `pin=0,1 \\| pin=1,0` |" in table

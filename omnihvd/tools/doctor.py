@@ -21,7 +21,6 @@ This module imports only the standard library, so it works when everything else
 is broken.
 """
 import json
-import math
 import os
 import re
 import shutil
@@ -519,18 +518,11 @@ QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
              "see docs/cpu-quotas.rst")
 
 
-# A quota smaller than the CPUs a rank may run on lets MPI's polling thread use the
-# quota on another CPU while the training thread computes (docs/cpu-quotas.rst).
-SPREAD_FIX = ("give each rank as many CPUs of its own as its quota allows, rounded up: "
-              "docker run --cpuset-cpus with --cpus, mpirun --bind-to core (one core per "
-              "rank), or taskset; see docs/cpu-quotas.rst")
-
-
 def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
     """WARN when this process runs under a CFS quota with a long period, or under a
     quota of fewer cores than the ``cpus`` it may run on (default: its affinity),
     see docs/cpu-quotas.rst."""
-    from ..cpuquota import cpu_quotas
+    from ..cpuquota import SPREAD_FIX, cpu_quotas, quota_spread, usable_cpus
 
     quotas = cpu_quotas("self", root=root)
     if not quotas:
@@ -543,13 +535,10 @@ def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
                         "its peers uses up its quota and stalls for the rest of the period "
                         "(Horovod steps can take 10-30x longer)")
         fixes.append(QUOTA_FIX)
-    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
-    cores = min(q.cores for q in quotas)
-    if cpus > math.ceil(cores):
-        problems.append("the process may run on %d CPUs, more than the %.2f cores of its quota: "
-                        "Horovod's MPI thread polls on one CPU while the training thread "
-                        "computes on another, both from the one quota, so equal ranks run "
-                        "at unequal speeds that change from step to step" % (cpus, cores))
+    spread = quota_spread(min(q.cores for q in quotas),
+                          usable_cpus() if cpus is None else cpus)
+    if spread:
+        problems.append(spread)
         fixes.append(SPREAD_FIX)
     if not problems:
         return Check("CPU quota", OK, detail)
