@@ -73,6 +73,9 @@ def main():
         if cb is not None:
             cb.on_epoch_begin(epoch)                                                     # omnihvd
         model.train()
+        # Start the epoch's clock together: the time is then training alone, not also
+        # rank 0 waiting in the first allreduce for a slower rank's evaluation.
+        hvd.barrier()
         t0 = time.perf_counter()
         for x, y in loader:
             if cb is not None:
