@@ -32,6 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from omnihvd.controller import DEFAULT_DEADBAND  # noqa: E402  (pure numpy)
+
 RANKS = 4
 SAMPLE_COST = 0.001   # s per sample at speed 1
 STEP_COST = 0.010     # fixed s per step at speed 1
@@ -207,7 +209,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--adjust-every", type=int, default=20)
     parser.add_argument("--global-batch-size", type=int, default=256)
-    parser.add_argument("--deadband", type=float, default=0.05)
+    parser.add_argument("--deadband", type=float, default=DEFAULT_DEADBAND)
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="first scenario only")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per mpirun")

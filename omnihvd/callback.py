@@ -49,7 +49,7 @@ from .cadence import Cadence, close_window
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
 from .comm import HorovodComm, LocalComm, PendingGather, make_comm
-from .controller import partial_split
+from .controller import DEFAULT_DEADBAND, partial_split
 from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
 from .errors import ConfigError
 from .losses import check_batch_length, checked_count, total_count
@@ -82,7 +82,8 @@ class OmniLearnCallback(ScheduledSizes):
             layers gets at least 2 (logged): one sample has no batch statistics.
         max_batch_size: None, int or per-rank list (memory caps).
         deadband: apply new sizes only when the largest relative change reaches it
-            (default 0.05, the paper's 5%).
+            (default 0.02; the noise gate, not the dead band, keeps noise from moving
+            the split: see :data:`omnihvd.controller.DEFAULT_DEADBAND`).
         gain: controller gain K (default 1.0).
         adjust_every: steps between adjustments (default 20).
         policy: ``"affine"`` (default; time model a + c*b) or ``"proportional"``
@@ -167,7 +168,7 @@ class OmniLearnCallback(ScheduledSizes):
 
     def __init__(self, model, optimizer, global_batch_size: int, *,
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
-                 max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
+                 max_batch_size=None, deadband: float = DEFAULT_DEADBAND, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, comm=None,
                  size_multiple: int = 1, loss_reduction: str = "mean",

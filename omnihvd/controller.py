@@ -39,6 +39,7 @@ from .errors import ConfigError, InfeasibleError
 
 __all__ = [
     "POLICIES",
+    "DEFAULT_DEADBAND",
     "TimeModel",
     "Controller",
     "rebalance",
@@ -55,6 +56,13 @@ __all__ = [
 ]
 
 POLICIES = ("affine", "proportional")
+
+# The callbacks' and balancer's dead band: new sizes are applied only when some rank's
+# size changes by at least 2%. Telling noise from a real imbalance is the noise gate's
+# work (Controller.decide); the dead band only skips moves too small to matter. At 5%
+# (the paper's value) a split one sample off on a small rank stayed there for good:
+# 32 of 256 where 31 was balanced is 3% of every step.
+DEFAULT_DEADBAND = 0.02
 
 IntOrList = Union[int, Sequence[int], None]
 
@@ -609,6 +617,8 @@ class Controller:
             one decision (default 4).
         significance: with ``errors`` given to :meth:`decide`, how many standard
             errors apart the slowest and fastest rank must be to act (default 3).
+            Those errors then also count the noise from one round to the next
+            (:meth:`pooled`), which the spread inside one window does not show.
         change_tolerance: a rank whose new time differs from the model's prediction
             by more than this fraction (of the smaller of the two) has changed speed
             (noisy neighbour, throttling, new hardware): its older measurements are
@@ -678,6 +688,7 @@ class Controller:
     def forget(self):
         """Drop the measured history (after a change of hardware or membership)."""
         self._sizes, self._times, self._valid = [], [], []
+        self._pool_sizes, self._pool_sum, self._pool_count = None, None, None
 
     def observe(self, batch_sizes, times):
         """Record one round of measurements without deciding."""
@@ -696,16 +707,92 @@ class Controller:
                                 > self.change_tolerance * np.minimum(t, predicted))
             for row in self._valid:
                 row[changed] = False
+        else:
+            changed = np.zeros(self.num_ranks, dtype=bool)
         self._sizes = (self._sizes + [b])[-self.history:]
         self._times = (self._times + [t])[-self.history:]
         self._valid = (self._valid + [np.ones(self.num_ranks, dtype=bool)])[-self.history:]
+        self._add_to_pool(b, t, changed)
 
-    def model(self) -> Optional[TimeModel]:
-        """The affine time model fitted from the history, or None before any data."""
+    def _add_to_pool(self, b, t, changed):
+        """Add a round to the pool of rounds at the current sizes (see :meth:`pooled`)."""
+        if self._pool_sizes is None or not np.array_equal(b, self._pool_sizes):
+            self._pool_sizes, self._pool_sum, self._pool_count = b, t.copy(), np.ones_like(t)
+            return
+        # Once it holds ``history`` rounds, the pool forgets geometrically (weight
+        # 1 - 1/history per round), so a slow drift is followed, not averaged away.
+        count, full = self._pool_count, float(self.history)
+        keep = np.where(count >= full, (full - 1.0) / count, 1.0)
+        self._pool_sum = np.where(changed, t, self._pool_sum * keep + t)
+        self._pool_count = np.where(changed, 1.0, np.minimum(count + 1.0, full))
+
+    def model(self, pooled: bool = False) -> Optional[TimeModel]:
+        """The affine time model fitted from the history, or None before any data.
+
+        With ``pooled``, each rank's line runs through its :meth:`pooled` time at the
+        current sizes instead of its latest round alone.
+        """
         if not self._sizes:
             return None
-        return fit_time_model(np.stack(self._sizes), np.stack(self._times),
-                              mask=np.stack(self._valid))
+        times = np.stack(self._times)
+        if pooled:
+            times[-1] = self.pooled()[0]
+        return fit_time_model(np.stack(self._sizes), times, mask=np.stack(self._valid))
+
+    def pooled(self):
+        """Each rank's time at the current sizes, over the rounds measured at them.
+
+        A window's own spread understates how far one window's time may fall from the
+        next at the same sizes: on shared cores and under CPU quotas a rank's speed
+        drifts over seconds, so the samples of one window move together. So while the
+        sizes stay, the rounds measured at them are pooled (their mean; once there are
+        ``history`` of them, an exponentially weighted mean of that weight, so that a
+        slow drift is followed), and the noise of one round is read off consecutive
+        rounds at equal sizes. A rank's pool starts again with a new split or a
+        change of speed (``change_tolerance``).
+
+        The noise is that of each rank's time relative to the round's mean over all
+        ranks: when the whole machine slows down for a while, every rank slows alike
+        and the split stays right, so only what moves one rank against the others
+        counts.
+
+        Returns:
+            ``(times, rounds, noise)``, one entry per rank: the pool's mean time, how
+            many rounds it holds (at most ``history``), and the relative noise of one
+            round's time (the rank's own pairs of rounds once it has three, else every
+            rank's; NaN until there are three).
+
+        >>> ctl = Controller(2, 60)
+        >>> for t in ([1.0, 2.0], [1.1, 2.0], [0.9, 2.0], [1.0, 2.0]):
+        ...     ctl.observe([30, 30], t)
+        >>> times, rounds, noise = ctl.pooled()
+        >>> times.round(3).tolist(), rounds.tolist(), noise.round(3).tolist()
+        ([1.0, 2.0], [4.0, 4.0], [0.11, 0.049])
+        """
+        if self._pool_sizes is None:
+            empty = np.full(self.num_ranks, np.nan)
+            return empty, np.zeros(self.num_ranks), empty.copy()
+        return self._pool_sum / self._pool_count, self._pool_count.copy(), self._round_noise()
+
+    def _round_noise(self) -> np.ndarray:
+        """Relative noise of one round per rank, from the history (see :meth:`pooled`)."""
+        sizes, times = np.stack(self._sizes), np.stack(self._times)
+        valid = np.stack(self._valid)
+        # Pairs of consecutive rounds at equal sizes, both describing the rank.
+        paired = np.all(sizes[1:] == sizes[:-1], axis=1)[:, None] & valid[1:] & valid[:-1]
+        noise = np.full(self.num_ranks, np.nan)
+        if paired.sum() >= 3:
+            relative = times / times.mean(axis=1, keepdims=True)   # common slow-downs out
+            ratios = np.abs(relative[1:] / relative[:-1] - 1.0)
+            # 1.4826 median|ratio - 1| estimates the standard deviation of a pair's
+            # ratio, which is sqrt(2) times one round's relative noise; a rank's own
+            # share in the mean hides 1/n of its variance.
+            n = self.num_ranks
+            scale = 1.4826 / math.sqrt(2.0) * (math.sqrt(n / (n - 1.0)) if n > 1 else 1.0)
+            noise[:] = scale * float(np.median(ratios[paired]))
+            for r in np.flatnonzero(paired.sum(axis=0) >= 3):
+                noise[r] = scale * float(np.median(ratios[paired[:, r], r]))
+        return noise
 
     def decide(self, batch_sizes, times, errors=None) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
@@ -713,9 +800,13 @@ class Controller:
         Args:
             batch_sizes, times: this round's sizes and measured local step times.
             errors: optional standard error of each time (from the window's spread).
-                When the slowest and the fastest rank differ by less than
-                ``significance`` standard errors, the sizes are kept: the difference
-                is noise, and chasing it would only shuffle samples around.
+                With them the controller judges noise: each rank's time is its
+                :meth:`pooled` time over the rounds at the current sizes, its error
+                the larger of ``errors`` and the round-to-round noise, over the
+                square root of those rounds; when the slowest and the fastest rank
+                differ by less than ``significance`` such errors, the sizes are kept:
+                the difference is noise, and chasing it would only shuffle samples
+                around. Without them every round is taken at face value.
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
@@ -724,8 +815,11 @@ class Controller:
         b, t = self._sizes[-1], self._times[-1]
         B, k = self.global_batch_size, self.size_multiple
         valid = self.valid(b)
-        if valid and errors is not None and not self._significant(t, errors):
-            return b.tolist()
+        pooled = errors is not None
+        if pooled:
+            t, errors = self._pooled_errors(errors)
+            if valid and not self._significant(t, errors):
+                return b.tolist()
         lo, hi = self.lo, self.hi
         if valid:  # trust region; feasible because b itself lies inside it
             lo = np.maximum(lo, -(-b // self.max_step_ratio))
@@ -734,24 +828,35 @@ class Controller:
             new = rebalance(b, t, B, min_batch_size=lo, max_batch_size=hi, gain=self.gain,
                             deadband=0.0, size_multiple=k)
         else:
-            new = solve_time_model(self.model(), B, min_batch_size=lo, max_batch_size=hi,
+            new = solve_time_model(self.model(pooled), B, min_batch_size=lo, max_batch_size=hi,
                                    size_multiple=k)
             if self.gain != 1.0:  # partial step towards the solved split
                 new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), B, lo, hi,
                                 k)
         return _deadband(b, new, B, self.lo, self.hi, self.deadband, k)
 
-    def _significant(self, t, errors) -> bool:
+    def _pooled_errors(self, errors):
+        """The pooled times and their standard errors: this window's error or the
+        round-to-round noise, whichever is larger, over the square root of the rounds."""
         e = np.asarray(errors, dtype=np.float64)
-        if e.shape != t.shape or not np.all(np.isfinite(e) & (e >= 0)):
+        if e.shape != (self.num_ranks,) or not np.all(np.isfinite(e) & (e >= 0)):
             raise ConfigError("errors must be one finite value >= 0 per rank, got %r" % (errors,))
+        t, rounds, noise = self.pooled()
+        between = np.where(np.isfinite(noise), noise * t, 0.0)
+        return t, np.maximum(e, between) / np.sqrt(rounds)
+
+    def _significant(self, t, e) -> bool:
         slow, fast = int(np.argmax(t)), int(np.argmin(t))
         return t[slow] - t[fast] > self.significance * math.sqrt(e[slow] ** 2 + e[fast] ** 2)
 
     def state_dict(self):
-        return {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
-                "times": [t.tolist() for t in self._times],
-                "valid": [v.tolist() for v in self._valid]}
+        state = {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
+                 "times": [t.tolist() for t in self._times],
+                 "valid": [v.tolist() for v in self._valid]}
+        if self._pool_sizes is not None:
+            state["pool"] = {"sizes": self._pool_sizes.tolist(), "sum": self._pool_sum.tolist(),
+                             "count": self._pool_count.tolist()}
+        return state
 
     def load_state_dict(self, state):
         """Restore the measured history saved by :meth:`state_dict`.
@@ -781,3 +886,15 @@ class Controller:
         self._times = list(times)[-self.history:]
         valid = state.get("valid") or [[True] * self.num_ranks for _ in self._sizes]
         self._valid = [np.asarray(v, dtype=bool) for v in valid][-self.history:]
+        # The pool of rounds at the current sizes (absent in older checkpoints: it
+        # starts again from the latest round).
+        pool = state.get("pool")
+        try:
+            pool = None if not pool else tuple(
+                np.asarray(pool[key], dtype=dtype) for key, dtype in
+                (("sizes", np.int64), ("sum", np.float64), ("count", np.float64)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("Controller state has a malformed pool (%s)" % exc) from exc
+        if pool is None or any(v.shape != (self.num_ranks,) for v in pool) or np.any(pool[2] < 1):
+            pool = (self._sizes[-1], self._times[-1].copy(), np.ones(self.num_ranks))
+        self._pool_sizes, self._pool_sum, self._pool_count = pool

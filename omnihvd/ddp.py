@@ -67,6 +67,7 @@ import logging
 from typing import List, Optional
 
 from .callback import OmniLearnCallback
+from .controller import DEFAULT_DEADBAND
 from .comm import TorchDistComm
 from .errors import ConfigError
 from .options import option_values
@@ -171,7 +172,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
 
     def __init__(self, model, global_batch_size: int, *,
                  initial_batch_sizes: Optional[List[int]] = None, min_batch_size=1,
-                 max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
+                 max_batch_size=None, deadband: float = DEFAULT_DEADBAND, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, size_multiple: int = 1,
                  loss_reduction: str = "mean", history_size: int = 1000,

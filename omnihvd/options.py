@@ -26,7 +26,7 @@ import zlib
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .checks import check_choice, check_flag, check_int
-from .controller import POLICIES, Controller, initial_split
+from .controller import DEFAULT_DEADBAND, POLICIES, Controller, initial_split
 from .errors import ConfigError, InfeasibleError, RankMismatchError
 from .normalization import raise_min_batch_size
 from .timing import DEFAULT_SUMMARY, SUMMARIES
@@ -115,7 +115,7 @@ def _controller(num_ranks, B, policy, gain, deadband, min_batch_size, max_batch_
 
 
 def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=None,
-                    min_batch_size=1, max_batch_size=None, deadband=0.05, gain=1.0,
+                    min_batch_size=1, max_batch_size=None, deadband=DEFAULT_DEADBAND, gain=1.0,
                     adjust_every=20, policy="affine", settle_steps=1, timing=DEFAULT_SUMMARY,
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
                     history_size=1000, device_sync="auto", cpu_quota="auto",

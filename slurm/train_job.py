@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import omnihvd
+from omnihvd.controller import DEFAULT_DEADBAND
 
 REQUEUE_EXIT = 85  # "checkpoint written; requeue me" (common.sh's OMNIHVD_REQUEUE_EXIT)
 PREFIX = "omnihvd-job:"
@@ -52,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--adjust-every", type=int, default=5, help="steps between rebalancing")
-    p.add_argument("--deadband", type=float, default=0.05)
+    p.add_argument("--deadband", type=float, default=DEFAULT_DEADBAND)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--checkpoint", help="checkpoint file: resume from it if present, "
                    "write it on SIGUSR1 and exit %d" % REQUEUE_EXIT)

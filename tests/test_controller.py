@@ -572,3 +572,74 @@ def test_differences_within_the_noise_keep_the_sizes():
     assert ctl.decide([20, 20, 20], [1.0, 1.05, 1.1], errors=[0.1, 0.1, 0.1]) == [20, 20, 20]
     # The same times known to +-1%: significant, so the split moves.
     assert ctl.decide([20, 20, 20], [1.0, 1.05, 1.1], errors=[0.01, 0.01, 0.01]) != [20, 20, 20]
+
+
+def test_round_to_round_noise_keeps_a_settled_split():
+    """Each window's own spread is small (1%), but the ranks' speeds move by about 8%
+    from one window to the next, as on shared cores. Once rounds at the settled sizes
+    have shown that noise, differences of that size keep the split; judged by the
+    window's spread alone (a controller that has seen no earlier round), nearly every
+    round moved it."""
+    rng = np.random.default_rng(0)
+    sizes = [40, 40, 40]
+    rounds = [1.0 + 0.08 * rng.standard_normal(3) for _ in range(16)]
+    settled = Controller(3, 120)
+    for times in rounds[:4]:
+        settled.observe(sizes, times)
+    kept = [settled.decide(sizes, times, errors=[0.01] * 3) == sizes for times in rounds[4:]]
+    alone = [Controller(3, 120).decide(sizes, times, errors=[0.01] * 3) == sizes
+             for times in rounds[4:]]
+    assert all(kept), kept
+    assert sum(alone) <= 2, alone
+
+
+def test_pooled_rounds_find_an_imbalance_one_round_cannot_show():
+    """After a settled start (equal speeds, 8% round-to-round noise), rank 2 becomes 12%
+    slower, less than change_tolerance. One round cannot tell that from noise; the
+    pooled rounds can, and the split then moves away from rank 2."""
+    rng = np.random.default_rng(1)
+    ctl, sizes = Controller(3, 120), [40, 40, 40]
+    for _ in range(4):
+        ctl.observe(sizes, 1.0 + 0.08 * rng.standard_normal(3))
+    decisions = []
+    for _ in range(16):
+        times = np.array([1.0, 1.0, 1.12]) * (1.0 + 0.08 * rng.standard_normal(3))
+        decisions.append(ctl.decide(sizes, times, errors=[0.01] * 3))
+        if decisions[-1] != sizes:
+            break
+    assert 1 < len(decisions) < 16 and decisions[-1][2] < 40, decisions
+
+
+def test_a_slow_down_of_every_rank_alike_is_not_noise_between_ranks():
+    """The machine slows every rank alike from one round to the next (+-15%); then rank
+    2 becomes steadily 6% slower. Relative to each other the ranks were steady, so
+    the round-to-round noise is nil and the imbalance is acted on within a few
+    rounds (measured against the absolute times, the noise would be some 15% and the
+    split would stay)."""
+    ctl, sizes = Controller(3, 120), [40, 40, 40]
+    for common in (1.0, 1.15, 0.85, 1.1):
+        ctl.observe(sizes, [common] * 3)
+    assert np.all(ctl.pooled()[2] < 1e-9)
+    decisions = []
+    for common in (0.9, 1.0, 1.12, 0.95, 1.05, 1.0):
+        decisions.append(ctl.decide(sizes, common * np.array([1.0, 1.0, 1.06]),
+                                    errors=[0.01] * 3))
+        if decisions[-1] != sizes:
+            break
+    assert decisions[-1][2] < 40 and len(decisions) <= 4, decisions
+
+
+def test_pooled_time_is_the_mean_of_the_rounds_at_the_current_sizes():
+    ctl = Controller(2, 60)
+    ctl.observe([20, 40], [1.0, 1.0])
+    for t in ([1.0, 2.0], [1.2, 2.2]):
+        ctl.observe([30, 30], t)
+    assert np.all(np.isnan(ctl.pooled()[2]))   # one pair of rounds, two ranks: too few
+    ctl.observe([30, 30], [1.1, 2.1])
+    times, rounds, noise = ctl.pooled()
+    assert times.tolist() == pytest.approx([1.1, 2.1]) and rounds.tolist() == [3, 3]
+    assert np.all(np.isfinite(noise))   # four pairs over both ranks
+    # A rank whose speed changed (beyond change_tolerance) starts its pool again.
+    ctl.observe([30, 30], [3.0, 2.1])
+    times, rounds, _ = ctl.pooled()
+    assert times.tolist() == pytest.approx([3.0, 2.1]) and rounds.tolist() == [1, 4]

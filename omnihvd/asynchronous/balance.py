@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from ..cadence import Cadence, close_window
 from ..checks import check_choice, check_int
-from ..controller import Controller, initial_split
+from ..controller import DEFAULT_DEADBAND, Controller, initial_split
 from ..errors import ConfigError
 from ..timing import DEFAULT_SUMMARY, TimingWindow
 
@@ -89,7 +89,8 @@ class IntervalBalancer:
     def __init__(self, num_workers: int, global_batch_size: int, *, balance: bool = True,
                  initial_batch_sizes=None, adjust_every: int = 20, settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, policy: str = "affine", gain: float = 1.0,
-                 deadband: float = 0.05, min_batch_size=1, max_batch_size=None, history: int = 8):
+                 deadband: float = DEFAULT_DEADBAND, min_batch_size=1, max_batch_size=None,
+                 history: int = 8):
         self.controller = Controller(num_workers, global_batch_size, policy=policy, gain=gain,
                                      deadband=deadband, min_batch_size=min_batch_size,
                                      max_batch_size=max_batch_size, history=history)

@@ -36,6 +36,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..checks import check_int, check_number
+from ..controller import DEFAULT_DEADBAND
 from ..errors import ConfigError, RankMismatchError
 from ..faults import fail_job
 from ..timing import DEFAULT_SUMMARY
@@ -90,7 +91,7 @@ class AsyncOmniLearnCallback:
 
     def __init__(self, model, *, global_batch_size: int, lr: float, num_servers: int = 1,
                  balance: bool = True, initial_batch_sizes=None, min_batch_size=1,
-                 max_batch_size=None, deadband: float = 0.05, gain: float = 1.0,
+                 max_batch_size=None, deadband: float = DEFAULT_DEADBAND, gain: float = 1.0,
                  adjust_every: int = 20, policy: str = "affine", settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, history: int = 8, momentum: float = 0.0,
                  weight_decay: float = 0.0, staleness_lr: Optional[str] = None, comm=None,

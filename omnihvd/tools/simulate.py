@@ -43,7 +43,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..cadence import Cadence, check_cadence, close_window
-from ..controller import (POLICIES, Controller, TimeModel, apportion, initial_split,
+from ..controller import (DEFAULT_DEADBAND, POLICIES, Controller, TimeModel, apportion, initial_split,
                           resolve_bounds, solve_time_model)
 from ..errors import ConfigError
 from ..timing import DEFAULT_SUMMARY, SUMMARIES
@@ -129,7 +129,7 @@ class Control:
     """
 
     policy: str = "affine"
-    deadband: float = 0.05
+    deadband: float = DEFAULT_DEADBAND
     gain: float = 1.0
     adjust_every: int = 20
     settle_steps: int = 1
@@ -607,6 +607,9 @@ def configure_parser(parser):
     g.add_argument("--slowdown", type=float, default=2.0, help="noisy: slow-down factor")
     g.add_argument("--slow-period", type=int, default=200, help="noisy: steps between re-draws")
     g.add_argument("--drift", type=float, default=0.02, help="drift: log-speed step std")
+    g.add_argument("--reversion", type=float, default=0.01,
+                   help="drift: pull back towards the base speed per step (default 0.01; "
+                        "0.1: the speed forgets itself within some ten steps)")
     g.add_argument("--noise", type=float, default=0.1,
                    help="timing noise, coefficient of variation (default 0.1)")
     g.add_argument("--throughput", type=float, default=cl.throughput,
@@ -664,7 +667,7 @@ def run(args) -> int:
         profile = make_profile(args.profile, args.ranks, args.steps, seed=args.seed, base=args.base,
                                phase_steps=args.phase_steps, slow_fraction=args.slow_fraction,
                                slowdown=args.slowdown, slow_period=args.slow_period,
-                               drift=args.drift)
+                               drift=args.drift, reversion=args.reversion)
         results.append(simulate(cluster, profile, global_batch_size=B, steps=args.steps,
                                 control=control, seed=args.seed))
     os.makedirs(args.out, exist_ok=True)
