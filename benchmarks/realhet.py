@@ -531,7 +531,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100,
                    help="steps per epoch (0: full Fashion-MNIST epochs)")
     p.add_argument("--batch-per-rank", type=int, default=64, help="global batch = this * ranks")
-    p.add_argument("--lambdas", default="0.8,1,1.2",
+    p.add_argument("--lambdas", default="0.8,1,1.2,1.4",
                    help="fixed splits: equal + lambda * (proportional to shares - equal)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
