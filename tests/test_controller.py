@@ -491,6 +491,23 @@ def test_controller_state_dict_round_trip():
     assert ctl.model() is None
 
 
+def test_the_pool_of_rounds_rides_in_the_state():
+    ctl = Controller(2, 60)
+    for t in ([1.0, 2.0], [1.1, 2.1], [0.9, 1.9], [1.0, 2.2]):
+        ctl.observe([30, 30], t)
+    restored = Controller(2, 60)
+    restored.load_state_dict(ctl.state_dict())
+    for got, want in zip(restored.pooled(), ctl.pooled()):
+        assert got.tolist() == want.tolist()
+    # A checkpoint written before the pool existed: the pool starts at the latest round.
+    state = ctl.state_dict()
+    del state["pool"]
+    restored.load_state_dict(state)
+    assert restored.pooled()[0].tolist() == [1.0, 2.2] and restored.pooled()[1].tolist() == [1, 1]
+    with pytest.raises(ConfigError, match="malformed pool"):
+        restored.load_state_dict(dict(state, pool={"sizes": [30, 30]}))
+
+
 def test_history_keeps_only_the_last_rounds():
     ctl = Controller(2, 20, history=2)
     for b0 in (4, 6, 8):
