@@ -31,6 +31,7 @@ the total, rank 0 alone also takes the remainder ``total mod k``; see
 under the same bounds, or says that no split fits.
 """
 import math
+import warnings
 from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -687,7 +688,7 @@ class Controller:
 
     def forget(self):
         """Drop the measured history (after a change of hardware or membership)."""
-        self._sizes, self._times, self._valid = [], [], []
+        self._sizes, self._times, self._valid, self._ratios = [], [], [], []
         self._pool_sizes, self._pool_sum, self._pool_count = None, None, None
 
     def observe(self, batch_sizes, times):
@@ -696,22 +697,26 @@ class Controller:
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
         t = _as_time_vector("times", times, self.num_ranks)
-        if self._sizes and self.policy == "affine":
+        changed = np.zeros(self.num_ranks, dtype=bool)
+        ratio = np.full(self.num_ranks, np.nan)   # t / predicted, where the prediction is sound
+        if self._sizes:
             # Only a model fitted from two or more valid rounds predicts well enough
-            # to tell a change of speed from the fixed cost a one-point model ignores.
+            # to tell a change of speed from the fixed cost a one-point model ignores;
+            # at an unchanged size any model predicts the rank's last time.
             fitted = np.stack(self._valid).sum(axis=0) >= 2
             predicted = predict_step_times(self.model(), b)
-            # Relative to the smaller of the two, so that a speed-up counts as much
-            # as the slow-down that undoes it (0.16 s -> 0.12 s is 1.33x, like 0.12 -> 0.16).
+            # Relative to the smaller of the two, so that a speed-up counts as much as
+            # the slow-down that undoes it (0.16 s -> 0.12 s is 1.33x, like 0.12 -> 0.16).
             changed = fitted & (np.abs(t - predicted)
                                 > self.change_tolerance * np.minimum(t, predicted))
             for row in self._valid:
                 row[changed] = False
-        else:
-            changed = np.zeros(self.num_ranks, dtype=bool)
+            sound = (fitted | (b == self._sizes[-1])) & ~changed
+            ratio = np.where(sound, t / predicted, np.nan)
         self._sizes = (self._sizes + [b])[-self.history:]
         self._times = (self._times + [t])[-self.history:]
         self._valid = (self._valid + [np.ones(self.num_ranks, dtype=bool)])[-self.history:]
+        self._ratios = (self._ratios + [ratio])[-self.history:]
         self._add_to_pool(b, t, changed)
 
     def _add_to_pool(self, b, t, changed):
@@ -747,27 +752,28 @@ class Controller:
         drifts over seconds, so the samples of one window move together. So while the
         sizes stay, the rounds measured at them are pooled (their mean; once there are
         ``history`` of them, an exponentially weighted mean of that weight, so that a
-        slow drift is followed), and the noise of one round is read off consecutive
-        rounds at equal sizes. A rank's pool starts again with a new split or a
+        slow drift is followed). A rank's pool starts again with a new split or a
         change of speed (``change_tolerance``).
 
-        The noise is that of each rank's time relative to the round's mean over all
-        ranks: when the whole machine slows down for a while, every rank slows alike
-        and the split stays right, so only what moves one rank against the others
-        counts.
+        The noise of one round is read off how far each round of the history fell
+        from what the time model predicted for it (at an unchanged size: the rank's
+        previous time), so it is known while the split still moves. It is taken
+        relative to the round's mean over all ranks: when the whole machine slows
+        down for a while, every rank slows alike and the split stays right, so only
+        what moves one rank against the others counts.
 
         Returns:
             ``(times, rounds, noise)``, one entry per rank: the pool's mean time, how
             many rounds it holds (at most ``history``), and the relative noise of one
-            round's time (the rank's own pairs of rounds once it has three, else every
-            rank's; NaN until there are three).
+            round's time (from the rank's own rounds once it has three, else from
+            every rank's; NaN until there are three).
 
         >>> ctl = Controller(2, 60)
         >>> for t in ([1.0, 2.0], [1.1, 2.0], [0.9, 2.0], [1.0, 2.0]):
         ...     ctl.observe([30, 30], t)
         >>> times, rounds, noise = ctl.pooled()
         >>> times.round(3).tolist(), rounds.tolist(), noise.round(3).tolist()
-        ([1.0, 2.0], [4.0, 4.0], [0.11, 0.049])
+        ([1.0, 2.0], [4.0, 4.0], [0.078, 0.078])
         """
         if self._pool_sizes is None:
             empty = np.full(self.num_ranks, np.nan)
@@ -776,22 +782,28 @@ class Controller:
 
     def _round_noise(self) -> np.ndarray:
         """Relative noise of one round per rank, from the history (see :meth:`pooled`)."""
-        sizes, times = np.stack(self._sizes), np.stack(self._times)
-        valid = np.stack(self._valid)
-        # Pairs of consecutive rounds at equal sizes, both describing the rank.
-        paired = np.all(sizes[1:] == sizes[:-1], axis=1)[:, None] & valid[1:] & valid[:-1]
+        ratios = np.stack(self._ratios)   # each round's time over the model's prediction
         noise = np.full(self.num_ranks, np.nan)
-        if paired.sum() >= 3:
-            relative = times / times.mean(axis=1, keepdims=True)   # common slow-downs out
-            ratios = np.abs(relative[1:] / relative[:-1] - 1.0)
-            # 1.4826 median|ratio - 1| estimates the standard deviation of a pair's
-            # ratio, which is sqrt(2) times one round's relative noise; a rank's own
-            # share in the mean hides 1/n of its variance.
-            n = self.num_ranks
-            scale = 1.4826 / math.sqrt(2.0) * (math.sqrt(n / (n - 1.0)) if n > 1 else 1.0)
-            noise[:] = scale * float(np.median(ratios[paired]))
-            for r in np.flatnonzero(paired.sum(axis=0) >= 3):
-                noise[r] = scale * float(np.median(ratios[paired[:, r], r]))
+        if self.num_ranks > 1:
+            # Relative to the round's mean over ranks (common slow-downs out); a rank's
+            # own share in that mean hides 1/m of its variance, m ranks seen.
+            m = np.isfinite(ratios).sum(axis=1, keepdims=True)
+            ratios = np.where(m >= 2, ratios, np.nan)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)   # rows without a ratio
+                centre = np.nanmean(ratios, axis=1, keepdims=True)
+            deviation = np.abs(ratios / centre - 1.0) * np.sqrt(m / np.maximum(m - 1.0, 1.0))
+        else:
+            deviation = np.abs(ratios - 1.0)
+        seen = np.isfinite(deviation)
+        if seen.sum() >= 3:
+            # 1.4826 median|ratio - 1| estimates the standard deviation of the ratio,
+            # which holds the noise of this round and of the one the line runs through:
+            # sqrt(2) times one round's.
+            scale = 1.4826 / math.sqrt(2.0)
+            noise[:] = scale * float(np.median(deviation[seen]))
+            for r in np.flatnonzero(seen.sum(axis=0) >= 3):
+                noise[r] = scale * float(np.median(deviation[seen[:, r], r]))
         return noise
 
     def decide(self, batch_sizes, times, errors=None) -> list:
@@ -852,7 +864,9 @@ class Controller:
     def state_dict(self):
         state = {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
                  "times": [t.tolist() for t in self._times],
-                 "valid": [v.tolist() for v in self._valid]}
+                 "valid": [v.tolist() for v in self._valid],
+                 "ratios": [[None if math.isnan(v) else v for v in r.tolist()]
+                            for r in self._ratios]}
         if self._pool_sizes is not None:
             state["pool"] = {"sizes": self._pool_sizes.tolist(), "sum": self._pool_sum.tolist(),
                              "count": self._pool_count.tolist()}
@@ -886,6 +900,14 @@ class Controller:
         self._times = list(times)[-self.history:]
         valid = state.get("valid") or [[True] * self.num_ranks for _ in self._sizes]
         self._valid = [np.asarray(v, dtype=bool) for v in valid][-self.history:]
+        try:   # absent in older checkpoints: no round has a ratio yet
+            ratios = [np.asarray([np.nan if v is None else v for v in r], dtype=np.float64)
+                      for r in state.get("ratios") or []][-self.history:]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("Controller state has malformed ratios (%s)" % exc) from exc
+        if len(ratios) != len(self._sizes) or any(r.shape != (self.num_ranks,) for r in ratios):
+            ratios = [np.full(self.num_ranks, np.nan) for _ in self._sizes]
+        self._ratios = ratios
         # The pool of rounds at the current sizes (absent in older checkpoints: it
         # starts again from the latest round).
         pool = state.get("pool")

@@ -508,6 +508,26 @@ def test_the_pool_of_rounds_rides_in_the_state():
         restored.load_state_dict(dict(state, pool={"sizes": [30, 30]}))
 
 
+def test_the_noise_of_the_rounds_rides_in_the_state():
+    """The ratios the noise is read from survive a checkpoint (the first round has
+    none: nothing predicted it); an older checkpoint knows no noise yet."""
+    import json
+    ctl = Controller(2, 60)
+    for t in ([1.0, 2.0], [1.1, 2.0], [0.9, 2.0], [1.0, 2.0]):
+        ctl.observe([30, 30], t)
+    state = json.loads(json.dumps(ctl.state_dict()))   # as a JSON checkpoint holds it
+    assert state["ratios"][0] == [None, None]
+    restored = Controller(2, 60)
+    restored.load_state_dict(state)
+    assert restored.pooled()[2].tolist() == ctl.pooled()[2].tolist()
+    assert np.all(np.isfinite(ctl.pooled()[2]))
+    del state["ratios"]
+    restored.load_state_dict(state)
+    assert np.all(np.isnan(restored.pooled()[2]))
+    with pytest.raises(ConfigError, match="malformed ratios"):
+        restored.load_state_dict(dict(state, ratios=[["x", 1.0]] * 4))
+
+
 def test_history_keeps_only_the_last_rounds():
     ctl = Controller(2, 20, history=2)
     for b0 in (4, 6, 8):
