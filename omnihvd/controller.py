@@ -37,6 +37,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, InfeasibleError
+from .timing import MAD_TO_SD
 
 __all__ = [
     "POLICIES",
@@ -797,10 +798,10 @@ class Controller:
             deviation = np.abs(ratios - 1.0)
         seen = np.isfinite(deviation)
         if seen.sum() >= 3:
-            # 1.4826 median|ratio - 1| estimates the standard deviation of the ratio,
+            # MAD_TO_SD median|ratio - 1| estimates the standard deviation of the ratio,
             # which holds the noise of this round and of the one the line runs through:
             # sqrt(2) times one round's.
-            scale = 1.4826 / math.sqrt(2.0)
+            scale = MAD_TO_SD / math.sqrt(2.0)
             noise[:] = scale * float(np.median(deviation[seen]))
             for r in np.flatnonzero(seen.sum(axis=0) >= 3):
                 noise[r] = scale * float(np.median(deviation[seen[:, r], r]))

@@ -67,8 +67,8 @@ import logging
 from typing import List, Optional
 
 from .callback import OmniLearnCallback
-from .controller import DEFAULT_DEADBAND
 from .comm import TorchDistComm
+from .controller import DEFAULT_DEADBAND
 from .errors import ConfigError
 from .options import option_values
 from .timing import DEFAULT_SUMMARY

@@ -46,6 +46,8 @@ __all__ = ["StepTimer", "TimedIterable", "TimingWindow", "robust_step_time",
 
 SUMMARIES = ("sustained", "median", "mean")
 DEFAULT_SUMMARY = "sustained"
+# The median absolute deviation times this estimates a normal standard deviation.
+MAD_TO_SD = 1.4826
 # Share of a window's slowest samples that "sustained" treats as rare pauses (GC, a
 # slow read) and clips. Stalls more frequent than this are the rank's real rate.
 RARE_FRACTION = 0.1
@@ -274,7 +276,7 @@ def _standard_error(valid: np.ndarray, method: str, axis: int):
         centre = np.nanmedian(valid, axis=axis)
         mad = np.nanmedian(np.abs(valid - np.expand_dims(centre, axis)), axis=axis)
     factor = 1.2533 if method == "median" else 1.0  # efficiency of the median
-    error = factor * 1.4826 * mad / np.sqrt(np.maximum(n, 1))
+    error = factor * MAD_TO_SD * mad / np.sqrt(np.maximum(n, 1))
     return np.where(n >= 3, error, np.where(n > 0, 0.0, np.nan))
 
 
