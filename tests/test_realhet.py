@@ -1,5 +1,6 @@
 """benchmarks/realhet.py's pure parts: scenario specs, CPU shares, candidate splits.
 The harness end to end on real ranks is test_realhet_mpi.py."""
+import json
 import os
 import sys
 
@@ -60,3 +61,31 @@ def test_the_harness_docstring_examples():
     import doctest
     result = doctest.testmod(realhet)
     assert result.attempted >= 3 and result.failed == 0, result
+
+
+def test_held_out_best_fixed_split_is_timed_on_repeats_it_was_not_chosen_on(tmp_path):
+    # [2, 1] wins repeat 0 by luck; chosen on the other repeats, [3, 1] is what a user gets.
+    runs = [{"mode": "fixed", "split": split, "repeat": r, "measured_s": t}
+            for split, times in (([2, 1], [1.0, 3.0, 3.1, 3.2]), ([3, 1], [2.0, 2.1, 2.2, 2.3]))
+            for r, t in enumerate(times)]
+    runs.append({"mode": "fixed", "split": [4, 1], "repeat": 0, "error": "exit 1"})
+    doc = {"scenarios": [{"scenario": "s", "spec": "pin=0,1", "period_us": 10000, "env": [],
+                          "plain_s": 3.0, "omnihvd_s": 2.0, "best_fixed_s": 2.1,
+                          "best_fixed_split": [3, 1], "omnihvd_vs_best_fixed": 1.05,
+                          "omnihvd_vs_plain": 1.5, "fixed_vs_plain": 1.43,
+                          "omnihvd_spread": None, "omnihvd_final_sizes": [], "fixed": [],
+                          "runs": runs}],
+           "command": "x", "code_tree": "t", "code_version": "v", "finished": "now",
+           "machine": {"platform": "p", "cpus": 2}}
+    out = str(tmp_path / "r")
+    with open(out + ".json", "w") as f:
+        json.dump(doc, f)
+    assert realhet.main(["--resummarize", "--out", out]) == 0
+    with open(out + ".json") as f:
+        s = json.load(f)["scenarios"][0]
+    assert s["best_fixed_held_out_times"] == [2.0, 2.1, 2.2, 2.3]
+    assert s["best_fixed_held_out_s"] == pytest.approx(2.15)
+    assert s["omnihvd_vs_best_fixed_held_out"] == pytest.approx(1.075)
+    with open(out + ".md") as f:
+        assert "| 2.150 | 1.08 |" in f.read()
+    assert realhet.held_out_best({(2, 1): {0: 1.0}}) == []   # one repeat: nothing to hold out
