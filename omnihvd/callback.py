@@ -215,7 +215,22 @@ class OmniLearnCallback(ScheduledSizes):
     def _install_hooks(self) -> list:
         """Gradient weights and the timing boundary; returns handles with ``remove()``."""
         return [register_gradient_weight(self._model.parameters(), self._weight),
-                self._optimizer.register_step_pre_hook(self._on_step_entry)]
+                self._optimizer.register_step_pre_hook(self._on_step_entry),
+                *self._time_the_update()]
+
+    def _time_the_update(self) -> list:
+        """Hooks that count the optimizer's update as local work; returns their handles.
+
+        The update after the gradients arrive (the base optimizer's ``step()``) is this
+        rank's own work, and on a slow or shared CPU it costs more. Horovod's ``step()``
+        enters the hooks before ``synchronize()`` (the wait boundary) and calls the base
+        optimizer's ``step()`` after it, which enters them again one level deeper (and
+        deeper still for each subclass of it that calls ``super().step()``). The update
+        is timed from that second level's entry to its exit and charged to the next
+        step, like data loading.
+        """
+        return [self._optimizer.register_step_pre_hook(self._on_update_begin),
+                self._optimizer.register_step_post_hook(self._on_update_end)]
 
     @property
     def _gradient_weight(self) -> GradientWeight:
@@ -266,6 +281,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._started = False
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
+        self._update_began = None     # perf_counter at the optimizer update's start
+        self._step_depth = 0          # nesting of step() calls (see _time_the_update)
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         # this rank's local time of the last timed step (None: none yet, or dropped)
@@ -376,6 +393,7 @@ class OmniLearnCallback(ScheduledSizes):
                                               self.loss_reduction)
         self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
+        self._update_began, self._step_depth = None, 0
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
 
@@ -464,6 +482,18 @@ class OmniLearnCallback(ScheduledSizes):
                             "times include waiting and are dropped; call cb.mark_compute_end() "
                             "just before opt.synchronize() to let omnihvd balance", self.rank)
         self._wait_boundary()
+
+    def _on_update_begin(self, optimizer, args, kwargs):
+        # Runs after _on_step_entry, so the boundary has passed at the second level.
+        self._step_depth += 1
+        if self._step_depth == 2 and not self._timer.running and self._recorded:
+            self._update_began = time.perf_counter()
+
+    def _on_update_end(self, optimizer, args, kwargs):
+        if self._step_depth == 2 and self._update_began is not None:
+            self._timer.add(time.perf_counter() - self._update_began)
+            self._update_began = None
+        self._step_depth = max(0, self._step_depth - 1)
 
     def _wait_boundary(self):
         # The step's own work is done; next this rank waits for its peers. Later calls

@@ -373,10 +373,10 @@ def test_load_after_training_started_is_a_config_error():
 
 
 def hook_counts(model, opt):
-    # torch keeps tensor hooks in ``_backward_hooks`` and optimizer pre-hooks in
-    # ``_optimizer_step_pre_hooks``; read them to see what is registered.
+    # torch keeps tensor hooks in ``_backward_hooks`` and optimizer hooks in
+    # ``_optimizer_step_pre_hooks`` and ``_post_hooks``; read them to see what is there.
     return ([len(p._backward_hooks or {}) for p in model.parameters()],
-            len(opt._optimizer_step_pre_hooks))
+            len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks))
 
 
 def test_on_train_end_removes_every_hook(data):
@@ -384,7 +384,7 @@ def test_on_train_end_removes_every_hook(data):
     assert hook_counts(model, opt) == ([0, 0], 0)
     cb.on_train_begin()
     cb.on_train_begin()  # idempotent: no second set of hooks
-    assert hook_counts(model, opt) == ([1, 1], 1)
+    assert hook_counts(model, opt) == ([1, 1], 3)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
     train(model, opt, cb, sampler, data, epochs=1, max_steps=3)  # leaves a gather in flight
     cb.on_train_end()
@@ -392,7 +392,7 @@ def test_on_train_end_removes_every_hook(data):
     cb.on_train_end()  # harmless twice
     # restarting registers them again, once
     cb.on_batch_begin()
-    assert hook_counts(model, opt) == ([1, 1], 1)
+    assert hook_counts(model, opt) == ([1, 1], 3)
     cb.close()
     assert hook_counts(model, opt) == ([0, 0], 0)
 
@@ -605,3 +605,46 @@ def test_history_keeps_the_last_decisions_and_counts_all(data):
     train(model, opt, cb, sampler, data, epochs=1)
     cb.on_train_end()
     assert [h["step"] for h in cb.history] == [N // B - 2, N // B - 1, N // B]
+
+
+# ------------------------------------------------------ what the local time holds
+
+
+class SlowUpdateSGD(torch.optim.SGD):
+    """SGD whose update costs ``UPDATE_S`` of this rank's own work."""
+    UPDATE_S = 0.05
+
+    def step(self, closure=None):
+        import time
+        time.sleep(self.UPDATE_S)
+        return super().step(closure)
+
+
+def test_the_optimizer_update_counts_as_local_work_and_the_wait_does_not(data, monkeypatch):
+    # The base optimizer's update runs after Horovod's synchronize(): it is this rank's
+    # own per-step cost (more on a slow or shared CPU), so it is charged to the step
+    # that follows; synchronize() itself (waiting for the peers) is not.
+    import time
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    opt = hvd.DistributedOptimizer(SlowUpdateSGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=2,
+                                   settle_steps=0, nonblocking=False)
+    synchronize = opt.synchronize
+
+    def waiting_synchronize():
+        time.sleep(0.5)   # as if the peers were late
+        return synchronize()
+
+    monkeypatch.setattr(opt, "synchronize", waiting_synchronize)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1)
+    times = [h["times"][0] for h in cb.history]
+    assert len(times) == 4
+    # every window but the first holds steps that follow an update
+    assert all(SlowUpdateSGD.UPDATE_S <= t < 0.5 for t in times[1:]), times
+    assert cb._update_began is None
+    cb.on_train_end()
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
