@@ -216,21 +216,7 @@ class OmniLearnCallback(ScheduledSizes):
         """Gradient weights and the timing boundary; returns handles with ``remove()``."""
         return [register_gradient_weight(self._model.parameters(), self._weight),
                 self._optimizer.register_step_pre_hook(self._on_step_entry),
-                *self._time_the_update()]
-
-    def _time_the_update(self) -> list:
-        """Hooks that count the optimizer's update as local work; returns their handles.
-
-        The update after the gradients arrive (the base optimizer's ``step()``) is this
-        rank's own work, and on a slow or shared CPU it costs more. Horovod's ``step()``
-        enters the hooks before ``synchronize()`` (the wait boundary) and calls the base
-        optimizer's ``step()`` after it, which enters them again one level deeper (and
-        deeper still for each subclass of it that calls ``super().step()``). The update
-        is timed from that second level's entry to its exit and charged to the next
-        step, like data loading.
-        """
-        return [self._optimizer.register_step_pre_hook(self._on_update_begin),
-                self._optimizer.register_step_post_hook(self._on_update_end)]
+                self._optimizer.register_step_post_hook(self._on_step_exit)]
 
     @property
     def _gradient_weight(self) -> GradientWeight:
@@ -282,7 +268,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
         self._update_began = None     # perf_counter at the optimizer update's start
-        self._step_depth = 0          # nesting of step() calls (see _time_the_update)
+        self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         # this rank's local time of the last timed step (None: none yet, or dropped)
@@ -469,8 +455,16 @@ class OmniLearnCallback(ScheduledSizes):
         self._wait_boundary()
 
     def _on_step_entry(self, optimizer, args, kwargs):
-        # Horovod's step() enters this hook before synchronize() (and once more from
-        # the wrapped optimizer's step after it); only the first entry is the boundary.
+        # Horovod's step() enters this hook before synchronize(): the first level is
+        # the wait boundary. It then calls the base optimizer's step(), which enters it
+        # again one level deeper (and deeper still for each subclass that calls
+        # super().step()): the second level starts the update, this rank's own work
+        # (dearer on a slow or shared CPU), timed to its exit and charged to the next
+        # step like data loading.
+        self._step_depth += 1
+        if self._step_depth == 2 and self._recorded and not self._timer.running:
+            self._update_began = time.perf_counter()
+            return
         if (self._timer.running and not self._timer.marked
                 and synchronized_flag(optimizer)):
             # synchronize() already ran and nobody marked the compute end: the time
@@ -483,13 +477,7 @@ class OmniLearnCallback(ScheduledSizes):
                             "just before opt.synchronize() to let omnihvd balance", self.rank)
         self._wait_boundary()
 
-    def _on_update_begin(self, optimizer, args, kwargs):
-        # Runs after _on_step_entry, so the boundary has passed at the second level.
-        self._step_depth += 1
-        if self._step_depth == 2 and not self._timer.running and self._recorded:
-            self._update_began = time.perf_counter()
-
-    def _on_update_end(self, optimizer, args, kwargs):
+    def _on_step_exit(self, optimizer, args, kwargs):
         if self._step_depth == 2 and self._update_began is not None:
             self._timer.add(time.perf_counter() - self._update_began)
             self._update_began = None
