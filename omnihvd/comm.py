@@ -17,11 +17,15 @@ Everything else receives plain data. Three backends share one small interface:
   :class:`HorovodComm` with a warning.
 * :class:`LocalComm` -- one rank, no communication (single-process runs and tests).
 * :class:`TorchDistComm` -- torch.distributed on a process group (the DDP backend,
-  :mod:`omnihvd.ddp`): gloo on CPU, NCCL on GPUs; no Horovod or MPI involved.
+  :mod:`omnihvd.ddp`): gloo on CPU, NCCL on GPUs; no Horovod or MPI involved. Every
+  gloo collective it (or the DDP hook) posts is handed to :func:`hold_past_exit`.
 
 The payload per adjustment is a handful of float64 per rank, posted where the rank
 starts waiting for its peers and completed at the end of the same step.
 """
+import atexit
+import collections
+import ctypes
 import logging
 import pickle
 from typing import Any, List, Optional
@@ -30,9 +34,43 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", "PendingGather"]
+__all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", "PendingGather",
+           "hold_past_exit"]
 
 log = logging.getLogger("omnihvd")
+
+#: How many of the newest gloo collectives :func:`hold_past_exit` keeps.
+HELD_WORKS = 64
+_held_works: "collections.deque" = collections.deque(maxlen=HELD_WORKS)
+
+
+def hold_past_exit(work, *objects):
+    """Reference a gloo work (and the tensors it uses) until the process has ended.
+
+    gloo runs each collective on a worker thread of its own, and that thread drops
+    its reference to the work only after the rank waiting for it has moved on. When
+    that is the last reference and the interpreter has begun to finalise, freeing the
+    work's Python-side state (the tensors it holds, the thread-local state captured
+    inside ``backward()``) needs the GIL, which a finalising interpreter no longer
+    grants: the process aborts with ``terminate called without an active exception``
+    (torch 2.13, about one gloo process in ten that exits right after a collective;
+    plain DDP does it too). So omnihvd keeps its newest :data:`HELD_WORKS` works here,
+    and at exit keeps them for good, so the worker's release is never the last one.
+    The held tensors are the gather's few bytes and DDP's own bucket views.
+
+    Example::
+
+        work = dist.all_reduce(buffer, async_op=True)
+        hold_past_exit(work, buffer)
+    """
+    if not _held_works:  # the first call (the deque is never emptied again)
+        atexit.register(_keep_held_works_forever)
+    _held_works.append((work, objects))
+
+
+def _keep_held_works_forever():
+    # Runs before finalisation; one extra reference the interpreter never returns.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_held_works))
 
 
 class PendingGather:
@@ -164,12 +202,17 @@ class TorchDistComm:
         self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def iallgather(self, values) -> PendingGather:
+        return self._post_gather(np.array(values, dtype=np.float64).ravel())
+
+    def _post_gather(self, array: np.ndarray) -> PendingGather:
         torch = self._torch
-        send = torch.tensor(np.asarray(values, dtype=np.float64).ravel(), device=self._device)
-        recv = torch.empty(self.size * send.numel(), dtype=torch.float64, device=self._device)
+        send = torch.from_numpy(array).to(self._device)
+        recv = torch.empty(self.size * send.numel(), dtype=send.dtype, device=self._device)
         # all_gather_single is the newer name (torch 2.13) of all_gather_into_tensor.
         gather = getattr(self._dist, "all_gather_single", None) or self._dist.all_gather_into_tensor
         work = gather(recv, send, group=self._group, async_op=True)
+        if self._device is None:  # gloo: its worker thread may release the work last
+            hold_past_exit(work, send, recv)
 
         def wait():
             work.wait()
@@ -181,9 +224,14 @@ class TorchDistComm:
         return self.iallgather(values).wait()
 
     def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
-        out: List[Any] = [None] * self.size
-        self._dist.all_gather_object(out, obj, group=self._group)
-        return out
+        # Pickled bytes padded to the longest, gathered like the timings: torch's own
+        # all_gather_object would post works that hold_past_exit cannot reach.
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths = self.allgather([len(data)])[:, 0].astype(int)
+        padded = np.zeros(int(lengths.max()), dtype=np.uint8)
+        padded[:len(data)] = data
+        rows = self._post_gather(padded).wait()
+        return [pickle.loads(rows[r, :n].tobytes()) for r, n in enumerate(lengths)]
 
 
 def make_comm(comm=None, *, rank: int, size: int):

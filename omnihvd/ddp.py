@@ -67,7 +67,7 @@ import logging
 from typing import List, Optional
 
 from .callback import OmniLearnCallback
-from .comm import TorchDistComm
+from .comm import TorchDistComm, hold_past_exit
 from .controller import DEFAULT_DEADBAND
 from .errors import ConfigError
 from .options import option_values
@@ -91,13 +91,21 @@ class WeightedAllreduceState:
             allreduce is launched (the timing boundary).
     """
 
-    __slots__ = ("process_group", "weight", "on_last_bucket")
+    __slots__ = ("process_group", "weight", "on_last_bucket", "_in_flight")
 
     def __init__(self, process_group=None, weight: Optional[GradientWeight] = None,
                  on_last_bucket=None):
         self.process_group = process_group
         self.weight = weight if weight is not None else GradientWeight(1.0)
         self.on_last_bucket = on_last_bucket
+        self._in_flight: list = []  # CPU buckets' (work, buffer, future), in launch order
+
+    def complete_in_flight(self):
+        """Wait for the CPU buckets' allreduces in launch order and fulfil their futures."""
+        in_flight, self._in_flight = self._in_flight, []
+        for work, buffer, future in in_flight:
+            work.wait()
+            future.set_result(buffer)
 
 
 def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
@@ -105,6 +113,13 @@ def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
 
     Multiplies the bucket by ``state.weight.value / n`` (``b_i / B`` for the weight
     ``n * b_i / B``) and allreduces it with SUM over ``state.process_group``.
+
+    Every bucket's allreduce is launched at once. On CUDA (NCCL) the returned future
+    follows the work's own. On CPU (gloo) the futures are fulfilled on this thread,
+    all together when the last bucket arrives (DDP waits for them all right after
+    it): a callback chained to a gloo work runs and is freed on gloo's worker thread,
+    which aborts the process if the interpreter is exiting by then
+    (:func:`omnihvd.comm.hold_past_exit`).
 
     Args:
         state: a :class:`WeightedAllreduceState`.
@@ -119,15 +134,26 @@ def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
         model.register_comm_hook(state, weighted_allreduce_hook)
         state.weight.value = n * b_i / B      # before each backward
     """
+    import torch
     import torch.distributed as dist
 
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
+    if bucket.index() == 0:
+        state.complete_in_flight()  # a backward that failed before its last bucket
     if state.on_last_bucket is not None and bucket.is_last():
         state.on_last_bucket(buffer.device)
     buffer.mul_(state.weight.value / group.size())
     work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    if buffer.device.type != "cpu":
+        # NCCL completes its future on this thread, with CUDA events: chain as usual.
+        return work.get_future().then(lambda fut: fut.value()[0])
+    hold_past_exit(work)  # it holds backward's thread-local state
+    future = torch.futures.Future()
+    state._in_flight.append((work, buffer, future))
+    if bucket.is_last():
+        state.complete_in_flight()
+    return future
 
 
 class _HookHandle:

@@ -54,6 +54,62 @@ def test_hook_scales_each_bucket_and_marks_only_the_last_one(world_of_one):
     assert marks == [torch.device("cpu")] * 2  # once per backward, at the last bucket
 
 
+def test_cpu_buckets_are_fulfilled_on_this_thread_and_their_works_held(world_of_one):
+    # gloo runs a chained then() callback on its worker thread and frees it there,
+    # which aborts a process that is already exiting: on CPU the hook's futures carry
+    # no callback, are fulfilled here when the last bucket arrives, and every work is
+    # held past exit.
+    from omnihvd import comm
+    from omnihvd.ddp import WeightedAllreduceState, weighted_allreduce_hook
+
+    futures = []
+
+    def recording_hook(state, bucket):
+        futures.append((bucket.is_last(), weighted_allreduce_hook(state, bucket)))
+        assert all(f.done() for _, f in futures) == bucket.is_last()
+        return futures[-1][1]
+
+    model = torch.nn.parallel.DistributedDataParallel(_net(), bucket_cap_mb=0.0005)
+    state = WeightedAllreduceState(None)
+    model.register_comm_hook(state, recording_hook)
+    for rebuilt in (False, True):  # DDP rebuilds its buckets after the first pass
+        futures.clear()
+        held_before = list(comm._held_works)
+        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+        assert futures[-1][0] and len(futures) >= (2 if rebuilt else 1)
+        assert state._in_flight == []
+        new = [w for w in comm._held_works if not any(w is h for h in held_before)]
+        assert len(new) == len(futures)
+
+
+EXIT_SCRIPT = r'''
+import os, sys
+sys.path.insert(0, %r)
+from omnihvd.comm import hold_past_exit
+
+# The class lives in a namespace of its own: the held instance keeps that alive, not
+# __main__, whose variables finalisation clears.
+namespace = {"write": os.write}
+exec("""class Marker:
+    def __init__(self, name):
+        self.name = name
+
+    def __del__(self):
+        write(1, ("freed " + self.name + "\\n").encode())""", namespace)
+loose = namespace["Marker"]("loose")
+hold_past_exit(namespace["Marker"]("held"))
+'''
+
+
+def test_held_works_outlive_the_interpreter():
+    # The object a gloo worker may release last must never be freed during
+    # finalisation: a held one is not freed at all, a loose one (the control) is.
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT % ROOT], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "freed loose" in out.stdout and "freed held" not in out.stdout, out.stdout
+
+
 def test_callback_in_a_world_of_one_times_up_to_the_last_bucket(world_of_one):
     import omnihvd
 

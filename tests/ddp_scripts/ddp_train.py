@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import omnihvd  # noqa: E402
+from omnihvd.comm import TorchDistComm  # noqa: E402
 
 workers, drop_last = int(sys.argv[1]), bool(int(sys.argv[2]))
 torch.set_default_dtype(torch.float64)
@@ -90,10 +91,12 @@ for epoch in range(EPOCHS):
     epoch_indices.append(seen)
 cb.on_train_end()
 
-all_logs = [None] * size
-all_epochs = [None] * size
-dist.all_gather_object(all_logs, log)
-dist.all_gather_object(all_epochs, epoch_indices)
+# omnihvd's communicator, not dist.all_gather_object: its works are held past exit
+# (omnihvd.comm.hold_past_exit), so the ranks that exit while rank 0 replays cannot
+# abort in gloo's teardown race.
+comm = TorchDistComm()
+all_logs = comm.allgather_object(log)
+all_epochs = comm.allgather_object(epoch_indices)
 final = [p.detach().clone() for p in model.parameters()]
 if rank == 0:
     for e in range(EPOCHS):  # 1. every sample once per epoch
