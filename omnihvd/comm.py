@@ -63,11 +63,10 @@ def hold_past_exit(work, *objects):
         work = dist.all_reduce(buffer, async_op=True)
         hold_past_exit(work, buffer)
     """
-    if not _held_works:  # the first call (the deque is never emptied again)
-        atexit.register(_keep_held_works_forever)
     _held_works.append((work, objects))
 
 
+@atexit.register
 def _keep_held_works_forever():
     # Runs before finalisation; one extra reference the interpreter never returns.
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_held_works))
