@@ -40,7 +40,7 @@ __all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", 
 log = logging.getLogger("omnihvd")
 
 #: How many of the newest gloo collectives :func:`hold_past_exit` keeps.
-HELD_WORKS = 64
+HELD_WORKS = 1024  # a step of a large model has hundreds of buckets
 _held_works: "collections.deque" = collections.deque(maxlen=HELD_WORKS)
 
 
