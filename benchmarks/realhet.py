@@ -10,7 +10,8 @@ after an epoch (dynamic heterogeneity). See docs/real-heterogeneity.rst.
 
 For each scenario, interleaved over ``--repeats`` repeats, it runs the script in
 three modes: plain Horovod (equal split), omnihvd (default options) and fixed splits
-(omnihvd's sampler and weighting, balancing off) derived from the known CPU shares,
+(omnihvd's sampler and weighting, balancing off) derived from the known CPU shares
+-- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True`` --
 and reports per mode the median time of the measured (last) epoch, the best fixed
 split, the ratios and omnihvd's spread over repeats::
 
@@ -377,7 +378,7 @@ def run_scenario(args, name: str, spec: str) -> dict:
     phases = parse_spec(spec, args.available)
     n = phases[0].num_ranks
     B = args.batch_per_rank * n
-    modes = [(m, None) for m in ("plain", "omnihvd") if m in args.modes]
+    modes = [(m, None) for m in ("plain", "omnihvd", "tuned") if m in args.modes]
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     if "fixed" in args.modes:
         modes += [("fixed", s) for s in candidates]
@@ -494,6 +495,41 @@ def with_held_out(result: dict) -> dict:
     omni = result["omnihvd_s"]
     result.update({"best_fixed_held_out_s": held_s, "best_fixed_held_out_times": held_out,
                    "omnihvd_vs_best_fixed_held_out": held_s / omni if held_s and omni else None})
+    return with_tuned(result)
+
+
+def with_tuned(result: dict) -> dict:
+    """``result`` with the ``tuned`` mode's figures (omnihvd with ``tune_split=True``)
+    when it ran: its median time, its ratios to the others, and the time ratio of each
+    repeat's tuned run to its omnihvd run (interleaved: they ran side by side).
+
+    >>> runs = [{"mode": m, "split": None, "repeat": r, "measured_s": t, "final_sizes": [1]}
+    ...         for r, (a, b) in enumerate([(2.0, 1.8), (2.2, 2.0), (2.1, 2.1)])
+    ...         for m, t in (("omnihvd", a), ("tuned", b))]
+    >>> doc = with_tuned({"runs": runs, "plain_s": 3.0, "omnihvd_s": 2.1,
+    ...                   "best_fixed_held_out_s": 1.9})
+    >>> doc["tuned_s"], round(doc["tuned_vs_omnihvd"], 3), doc["tuned_over_omnihvd_paired"]
+    (2.0, 1.05, [0.9, 0.909, 1.0])
+    """
+    tuned, tuned_times = _median(result["runs"], "tuned")
+    if tuned is None:
+        return result
+    by_repeat = {}
+    for r in result["runs"]:
+        if r["mode"] in ("omnihvd", "tuned") and "measured_s" in r:
+            by_repeat.setdefault(r["repeat"], {})[r["mode"]] = r["measured_s"]
+    paired = [round(v["tuned"] / v["omnihvd"], 3) for _, v in sorted(by_repeat.items())
+              if len(v) == 2]
+    held, plain, omni = (result.get(k) for k in ("best_fixed_held_out_s", "plain_s",
+                                                  "omnihvd_s"))
+    result.update({
+        "tuned_s": tuned, "tuned_times": tuned_times,
+        "tuned_vs_omnihvd": omni / tuned if omni else None,   # throughput ratio
+        "tuned_vs_plain": plain / tuned if plain else None,
+        "tuned_vs_best_fixed_held_out": held / tuned if held else None,
+        "tuned_over_omnihvd_paired": paired,                  # time ratios, < 1 is faster
+        "tuned_final_sizes": [r["final_sizes"] for r in result["runs"]
+                              if r["mode"] == "tuned" and "final_sizes" in r]})
     return result
 
 
@@ -538,6 +574,20 @@ def markdown(doc) -> str:
             _fmt(s["fixed_vs_plain"], "%.2fx"), _fmt(s["omnihvd_spread"] and
                                                      100 * s["omnihvd_spread"], "%.1f%%"),
             " ".join("/".join(map(str, v)) for v in s["omnihvd_final_sizes"])))
+    tuned = [s for s in doc["scenarios"] if s.get("tuned_s") is not None]
+    if tuned:
+        out += ["", "With `tune_split=True` (mode `tuned`, the split also tuned by the step "
+                "period), in the same runs:", "",
+                "| scenario | tuned s | tuned / omnihvd | tuned time / omnihvd time, per repeat "
+                "| tuned / held-out best fixed | tuned / plain | tuned final sizes |",
+                "|---|---|---|---|---|---|---|"]
+        for s in tuned:
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                s["scenario"], _fmt(s["tuned_s"]), _fmt(s["tuned_vs_omnihvd"], "%.2f"),
+                " ".join("%.2f" % v for v in s["tuned_over_omnihvd_paired"]),
+                _fmt(s["tuned_vs_best_fixed_held_out"], "%.2f"),
+                _fmt(s["tuned_vs_plain"], "%.2fx"),
+                " ".join("/".join(map(str, v)) for v in s["tuned_final_sizes"])))
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
@@ -601,7 +651,7 @@ def parse_args(argv=None):
                         "scenarios (results of older harnesses) and rewrite OUT.md")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
-    bad = set(args.modes) - {"plain", "omnihvd", "fixed"}
+    bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed"}
     if bad:
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]

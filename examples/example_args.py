@@ -9,7 +9,14 @@ import os
 
 import torch
 
-MODES = ("omnihvd", "plain", "fixed")
+MODES = ("omnihvd", "tuned", "plain", "fixed")
+
+
+def callback_options(args) -> dict:
+    """The callback's keyword options for ``--mode`` (any mode but plain)."""
+    if args.mode == "fixed":   # the given sizes, never adjusted: no adjustment step is reached
+        return dict(initial_batch_sizes=args.split, adjust_every=2 ** 62)
+    return dict(tune_split=True) if args.mode == "tuned" else {}
 
 
 def parse_args(description):

@@ -9,6 +9,7 @@ marked "# omnihvd". Run it like any Horovod job:
 --mode chooses how the global batch is split over the ranks:
 
   omnihvd  (default) OmniLearnCallback + HeterogeneousBatchSampler, default options
+  tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain Horovod: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
@@ -34,7 +35,7 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import end_epoch, parse_args, plain_loader, resume, slowdown
+from example_args import callback_options, end_epoch, parse_args, plain_loader, resume, slowdown
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -54,9 +55,7 @@ def main():
     if args.mode == "plain":
         sampler, loader = plain_loader(train, args.global_batch_size, hvd.rank(), hvd.size())
     else:
-        # "fixed": the given sizes, never adjusted (no adjustment step is ever reached).
-        options = {} if args.mode == "omnihvd" else dict(initial_batch_sizes=args.split,
-                                                         adjust_every=2 ** 62)
+        options = callback_options(args)
         cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,  # omnihvd
                                        **options)
         sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd

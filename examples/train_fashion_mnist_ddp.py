@@ -10,6 +10,7 @@ Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
 --mode chooses how the global batch is split over the ranks:
 
   omnihvd  (default) DDPOmniLearnCallback + HeterogeneousBatchSampler, default options
+  tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain DDP: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
@@ -37,7 +38,7 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import end_epoch, parse_args, plain_loader, resume, slowdown
+from example_args import callback_options, end_epoch, parse_args, plain_loader, resume, slowdown
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -62,9 +63,7 @@ def main():
     if args.mode == "plain":
         sampler, loader = plain_loader(train, args.global_batch_size, rank, size)
     else:
-        # "fixed": the given sizes, never adjusted (no adjustment step is ever reached).
-        options = {} if args.mode == "omnihvd" else dict(initial_batch_sizes=args.split,
-                                                         adjust_every=2 ** 62)
+        options = callback_options(args)
         cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=args.global_batch_size,  # omnihvd
                                           **options)
         sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                 # omnihvd

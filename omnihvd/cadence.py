@@ -38,6 +38,7 @@ import numpy as np
 from .checks import check_int
 from .errors import ConfigError
 from .timing import DEFAULT_SUMMARY, TimingWindow
+from .tuning import TiltSearch
 
 __all__ = ["Cadence", "Decision", "Measurement", "close_window", "check_cadence"]
 
@@ -48,6 +49,8 @@ class Measurement(NamedTuple):
     time: object    # summary step time, seconds (NaN: no valid sample); array per lane
     error: object   # its standard error (the noise gate's input)
     count: object   # valid samples in the window
+    period: float = float("nan")        # median step period (wall time, waits included)
+    period_error: float = float("nan")  # its standard error
 
 
 class Decision(NamedTuple):
@@ -85,6 +88,20 @@ def check_cadence(adjust_every, settle_steps, lookahead=None):
                           % (adjust_every, lookahead + settle_steps))
 
 
+def _median_period(periods, period_errors):
+    """The window's period and error: the median rank's (the ranks wait for each
+    other, so their periods differ by little more than noise); NaN when absent."""
+    if periods is None:
+        return float("nan"), float("nan")
+    p = np.asarray(periods, dtype=np.float64)
+    e = np.full_like(p, np.nan) if period_errors is None else np.asarray(period_errors,
+                                                                        dtype=np.float64)
+    if not np.all(np.isfinite(p)):
+        return float("nan"), float("nan")
+    middle = int(np.argsort(p, kind="stable")[(p.size - 1) // 2])
+    return float(p[middle]), float(e[middle])
+
+
 class Cadence:
     """The shared adjustment rhythm around one :class:`~omnihvd.controller.Controller`.
 
@@ -95,19 +112,24 @@ class Cadence:
         timing: the window summary, see :func:`omnihvd.timing.robust_step_time`.
             The noise gate applies to ``"sustained"`` and ``"median"``; ``"mean"``
             (the reference implementation's rule) runs without it.
+        tune_split: also tune the split by the measured step period
+            (:class:`omnihvd.tuning.TiltSearch`; its windows need
+            :meth:`record_period` and the gathered periods in :meth:`decide`).
 
     Raises:
         ConfigError: malformed options.
     """
 
     def __init__(self, controller, *, adjust_every: int = 20, settle_steps: int = 1,
-                 timing: str = DEFAULT_SUMMARY):
+                 timing: str = DEFAULT_SUMMARY, tune_split: bool = False):
         check_cadence(adjust_every, settle_steps)
         self.controller = controller
         self.adjust_every = int(adjust_every)
         self.settle_steps = int(settle_steps)
         self.timing = timing
         self.window = TimingWindow(self.settle_steps, timing)
+        self.periods = TimingWindow(self.settle_steps, "median")
+        self.tuner = TiltSearch() if tune_split else None
         self._window_sizes: Optional[List[int]] = None
         self._window_key = None
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
@@ -120,12 +142,24 @@ class Cadence:
         key = sizes.astype(np.int64).tobytes() if isinstance(sizes, np.ndarray) else tuple(sizes)
         if key != self._window_key:
             self.window.reset(settle=True)
+            self.periods.reset(settle=True)
             self._window_key = key
             self._window_sizes = [int(b) for b in sizes]
 
     def record(self, seconds) -> bool:
         """Offer the running step's local time; returns whether it was kept."""
         return self.window.add(seconds)
+
+    def record_period(self, seconds) -> bool:
+        """Offer a step's period: its wall time, waiting for the others included
+        (what :class:`~omnihvd.tuning.TiltSearch` minimises)."""
+        return self.periods.add(seconds)
+
+    def close(self) -> Measurement:
+        """Summarise the window (local times and periods) and empty it."""
+        period, period_error, _ = self.periods.measure()
+        self.periods.reset(settle=False)
+        return close_window(self.window)._replace(period=period, period_error=period_error)
 
     def gathers_at(self, step: int) -> bool:
         """Whether step ``step`` (0-based, global) closes a window and gathers."""
@@ -151,7 +185,7 @@ class Cadence:
         return [int(b) for b in current]
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
-               lookahead: int = 0) -> Decision:
+               lookahead: int = 0, periods=None, period_errors=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -159,6 +193,8 @@ class Cadence:
             sizes: the sizes the window was measured at (one per rank).
             times, errors, counts: the gathered measurements (one per rank).
             lookahead: steps beyond ``step`` some rank has already handed out.
+            periods, period_errors: the gathered step periods and their errors (one
+                per rank; used under ``tune_split``, whose window is the median rank's).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -176,8 +212,25 @@ class Cadence:
             return Decision(step, sizes, None, False, None, "no valid timing on rank(s) %s"
                             % np.flatnonzero(bad).tolist())
         use_errors = errors is not None and self.timing != "mean"
-        new = self.controller.decide(sizes, times, errors if use_errors else None)
-        return self.propose(step, sizes, new, lookahead=lookahead)
+        tuner = self.tuner
+        if tuner is None:
+            new = self.controller.decide(sizes, times, errors if use_errors else None)
+            return self.propose(step, sizes, new, lookahead=lookahead)
+        period = _median_period(periods, period_errors)
+        if tuner.probing:
+            # a search's window: its local times still teach the controller's model
+            self.controller.observe(sizes, times)
+            probe = tuner.measured(*period)
+        else:
+            self.controller.tilt = tuner.tilt
+            new = self.controller.decide(sizes, times, errors if use_errors else None)
+            decision = self.propose(step, sizes, new, lookahead=lookahead)
+            probe = tuner.after_decision(decision.changed, *period)
+            if probe is None:
+                return decision
+        self.controller.tilt = tuner.tilt
+        split = self.controller.split_at(tuner.tilt if probe is None else probe)
+        return self.propose(step, sizes, split, lookahead=lookahead)
 
     def propose(self, step: int, sizes, new, *, lookahead: int = 0) -> Decision:
         """Schedule ``new`` (decided, or forced by lowered memory caps) after ``step``."""
@@ -190,5 +243,8 @@ class Cadence:
         return Decision(step, sizes, new, changed, effective if changed else None, None)
 
     def forget_pending(self):
-        """Drop the record of a scheduled change (after a checkpoint restore)."""
+        """Drop the record of a scheduled change (after a checkpoint restore), and a
+        search of the split under way."""
         self._pending = None
+        if self.tuner is not None:
+            self.tuner.abandon()

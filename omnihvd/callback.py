@@ -45,7 +45,7 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from .cadence import Cadence, close_window
+from .cadence import Cadence
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
 from .comm import HorovodComm, LocalComm, PendingGather, make_comm
@@ -121,6 +121,14 @@ class OmniLearnCallback(ScheduledSizes):
             or a number of cores; a step then lasts at least its CPU time over it.
             A rank whose quota may run on more CPUs than it can fill logs a warning
             once (:func:`omnihvd.cpuquota.quota_spread`).
+        tune_split: also tune the split by the measured step period, the wall time
+            every rank sees (default False). The controller equalises local times;
+            where ranks share cores, the work around the allreduce on those cores
+            is in no rank's local time and a split that favours the other ranks is
+            faster. With this on, once the controller holds its split, omnihvd
+            times windows at splits tilted either way and keeps the faster side
+            (:mod:`omnihvd.tuning`); each probe costs a window at a slightly
+            different split. ``cb.history`` records the tilt.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -173,7 +181,7 @@ class OmniLearnCallback(ScheduledSizes):
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, comm=None,
                  size_multiple: int = 1, loss_reduction: str = "mean",
                  history_size: int = 1000, abort_on_exception: Optional[bool] = None,
-                 device_sync="auto", cpu_quota="auto"):
+                 device_sync="auto", cpu_quota="auto", tune_split: bool = False):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -246,7 +254,8 @@ class OmniLearnCallback(ScheduledSizes):
         self.nonblocking, self.loss_reduction = o.nonblocking, o.loss_reduction
         self.history_size = o.history_size
         self.cadence = Cadence(self.controller, adjust_every=o.adjust_every,
-                               settle_steps=o.settle_steps, timing=o.timing)
+                               settle_steps=o.settle_steps, timing=o.timing,
+                               tune_split=o.tune_split)
         self.schedule = SizeSchedule(self.rank, self.num_ranks, o.global_batch_size,
                                      o.initial_batch_sizes, partial=self._partial_split)
         self._model, self._optimizer = model, optimizer
@@ -269,6 +278,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._recorded = False        # this step's sample was taken at the wait boundary
         self._update_began = None     # perf_counter at the optimizer update's start
         self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
+        self._began = None            # (step, perf_counter) of the last on_batch_begin
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         # this rank's local time of the last timed step (None: none yet, or dropped)
@@ -372,6 +382,9 @@ class OmniLearnCallback(ScheduledSizes):
             self.on_train_begin()
         t0 = time.perf_counter()
         sizes = self.schedule.batch_sizes_at(self.step)
+        if self._began is not None and self._began[0] == self.step - 1:
+            self.cadence.record_period(t0 - self._began[1])  # before a new window opens
+        self._began = (self.step, t0)
         self._step_sizes = sizes
         if batch is not None and not isinstance(batch, int):
             self.check_batch(batch)
@@ -515,7 +528,7 @@ class OmniLearnCallback(ScheduledSizes):
     def _post(self):
         self._record()
         sizes = self.cadence.window_sizes or self.batch_sizes
-        row = payload_row(close_window(self.cadence.window), sizes, self.rank,
+        row = payload_row(self.cadence.close(), sizes, self.rank,
                           self.schedule.lookahead, self._cap)
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
@@ -565,7 +578,8 @@ class OmniLearnCallback(ScheduledSizes):
         got = read_gathered(matrix, self.step)
         record = {"step": self.step + 1, "epoch": self.epoch, "sizes": got.sizes,
                   "times": [float(t) for t in got.times],
-                  "samples": [int(c) for c in got.counts]}
+                  "samples": [int(c) for c in got.counts],
+                  "periods": [float(p) for p in got.periods]}
         capped = tighten_caps(self.controller, got.caps)  # a rank ran out of memory
         if capped:
             record["caps"] = self.controller.hi.tolist()
@@ -577,6 +591,14 @@ class OmniLearnCallback(ScheduledSizes):
         elif decision.changed:
             self.schedule.change(decision.effective_step, decision.new_sizes)
             self._log_change(got, decision, capped)
+        tuner = self.cadence.tuner
+        if tuner is not None:
+            before = self.history[-1].get("tilt", 0.0) if self.history else 0.0
+            if self.rank == 0 and tuner.tilt != before:
+                log.info("omnihvd: step %d: split tilt %+.2f -> %+.2f (step periods %s s)",
+                         self.step + 1, before, tuner.tilt,
+                         ", ".join("%.4g" % p for p in got.periods))
+            record["tilt"] = tuner.tilt
         record["decision_s"] = time.perf_counter() - t0
         self._adjustments += decision.changed
         self.history.append(record)
@@ -586,7 +608,8 @@ class OmniLearnCallback(ScheduledSizes):
     def _decision(self, got, capped):
         """The cadence's verdict; with new caps a re-split even when timing is unusable."""
         decision = self.cadence.decide(self.step, got.sizes, got.times, got.errors, got.counts,
-                                       lookahead=got.lookahead)
+                                       lookahead=got.lookahead, periods=got.periods,
+                                       period_errors=got.period_errors)
         if decision.skipped is not None and capped:
             # no usable timing, but the split must respect the new caps now
             forced = self.controller.split(self.schedule.latest)
@@ -646,7 +669,9 @@ class OmniLearnCallback(ScheduledSizes):
                 "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
                 "batch_sizes": self.batch_sizes, "changes": self.schedule.upcoming(),
                 "max_batch_size": self.controller.hi.tolist(),
-                "controller": self.controller.state_dict()}
+                "controller": self.controller.state_dict(),
+                **({} if self.cadence.tuner is None else
+                   {"tuning": self.cadence.tuner.state_dict()})}
 
     def load_state_dict(self, state: Dict):
         """Restore from :meth:`state_dict`; call on every rank before training resumes.
@@ -667,6 +692,8 @@ class OmniLearnCallback(ScheduledSizes):
         self.epoch = saved.epoch
         self.cadence.forget_pending()
         same = restore(saved, self.controller, self.schedule, self._options.initial_batch_sizes)
+        if same and self.cadence.tuner is not None and state.get("tuning") is not None:
+            self.cadence.tuner.load_state_dict(state["tuning"])
         self._cap = min(self._cap, int(self.controller.hi[self.rank]))
         if not same and self.rank == 0:
             log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
@@ -747,7 +774,8 @@ class OmniLearnCallback(ScheduledSizes):
         self.rank, self.num_ranks, self._comm = rank, size, comm
         self.controller = c.resized(size, config[1], world.caps)
         self.cadence = Cadence(self.controller, adjust_every=self.cadence.adjust_every,
-                               settle_steps=self.cadence.settle_steps, timing=self.cadence.timing)
+                               settle_steps=self.cadence.settle_steps, timing=self.cadence.timing,
+                               tune_split=self._options.tune_split)
         self.schedule.rank, self.schedule.num_ranks = rank, size
         self.schedule.restore(world.step, [(world.step, world.batch_sizes)])
         self._options = self._options._replace(

@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import ConfigError, InfeasibleError
 from .timing import MAD_TO_SD
+from .tuning import tilt_weights
 
 __all__ = [
     "POLICIES",
@@ -653,6 +654,9 @@ class Controller:
         self.significance = _check_float("significance", significance, 0.0)
         self.size_multiple = _check_int("size_multiple", size_multiple, 1)
         self.set_bounds(min_batch_size, max_batch_size)
+        # The tilt of the split (omnihvd.tuning): 0 balances local times; the cadence
+        # sets it from its TiltSearch under tune_split.
+        self.tilt = 0.0
         self.forget()
 
     def set_bounds(self, min_batch_size=1, max_batch_size=None):
@@ -826,27 +830,58 @@ class Controller:
         """
         self.observe(batch_sizes, times)
         b, t = self._sizes[-1], self._times[-1]
-        B, k = self.global_batch_size, self.size_multiple
         valid = self.valid(b)
         pooled = errors is not None
         if pooled:
             t, errors = self._pooled_errors(errors)
-            if valid and not self._significant(t, errors):
+            w = tilt_weights(b, t, self.tilt)
+            if valid and not self._significant(t * w, errors * w):
                 return b.tolist()
-        lo, hi = self.lo, self.hi
-        if valid:  # trust region; feasible because b itself lies inside it
-            lo = np.maximum(lo, -(-b // self.max_step_ratio))
-            hi = np.minimum(hi, b * self.max_step_ratio)
+        new = self._solve(b, t, pooled, self.tilt, self.gain)
+        return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband,
+                         self.size_multiple)
+
+    def split_at(self, tilt: float) -> list:
+        """The split the last decision would have chosen at ``tilt``, in full (no dead
+        band, no noise gate, no partial ``gain`` step): the probes of
+        :class:`omnihvd.tuning.TiltSearch`. Needs one observed round.
+
+        >>> ctl = Controller(2, 60, policy="proportional")
+        >>> ctl.decide([30, 30], [1.0, 0.5])
+        [20, 40]
+        >>> ctl.split_at(0.0), ctl.split_at(0.25), ctl.split_at(-0.25)
+        ([20, 40], [14, 46], [27, 33])
+        """
+        if not self._sizes:
+            raise RuntimeError("split_at needs an observed round")
+        b = self._sizes[-1]
+        pooled = self._pool_sizes is not None and np.array_equal(b, self._pool_sizes)
+        t = self.pooled()[0] if pooled else self._times[-1]
+        return self._solve(b, t, pooled, tilt, 1.0)
+
+    def _trust_region(self, b):
+        """Bounds no farther than ``max_step_ratio`` from ``b`` (when ``b`` is valid)."""
+        if not self.valid(b):
+            return self.lo, self.hi
+        return (np.maximum(self.lo, -(-b // self.max_step_ratio)),
+                np.minimum(self.hi, b * self.max_step_ratio))
+
+    def _solve(self, b, t, pooled: bool, tilt: float, gain: float) -> list:
+        """The policy's split from sizes ``b`` and times ``t`` (the latest or pooled) at
+        ``tilt`` (equal ``t_i * w_i``, :func:`omnihvd.tuning.tilt_weights`), a ``gain``
+        step of the way from ``b``."""
+        lo, hi = self._trust_region(b)  # feasible because b itself lies inside it
+        w = tilt_weights(b, t, tilt)
+        B, k = self.global_batch_size, self.size_multiple
         if self.policy == "proportional":
-            new = rebalance(b, t, B, min_batch_size=lo, max_batch_size=hi, gain=self.gain,
-                            deadband=0.0, size_multiple=k)
-        else:
-            new = solve_time_model(self.model(pooled), B, min_batch_size=lo, max_batch_size=hi,
-                                   size_multiple=k)
-            if self.gain != 1.0:  # partial step towards the solved split
-                new = apportion(np.maximum(b + self.gain * (np.asarray(new) - b), 0.0), B, lo, hi,
-                                k)
-        return _deadband(b, new, B, self.lo, self.hi, self.deadband, k)
+            return rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi, gain=gain,
+                             deadband=0.0, size_multiple=k)
+        model = self.model(pooled)
+        new = solve_time_model(TimeModel(model.intercept * w, model.slope * w), B,
+                               min_batch_size=lo, max_batch_size=hi, size_multiple=k)
+        if gain != 1.0:  # partial step towards the solved split
+            new = apportion(np.maximum(b + gain * (np.asarray(new) - b), 0.0), B, lo, hi, k)
+        return new
 
     def _pooled_errors(self, errors):
         """The pooled times and their standard errors: this window's error or the

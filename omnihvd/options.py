@@ -57,6 +57,7 @@ class Options(NamedTuple):
     history_size: int               # decisions kept in cb.history
     device_sync: Any                # "auto", None or a callable (resolved at on_train_begin)
     cpu_quota: Any                  # "auto", None or cores
+    tune_split: bool                # also tune the split by the measured step period
 
     def agreed(self) -> Dict[str, Any]:
         """The options every rank must share (device_sync and cpu_quota are per rank)."""
@@ -71,7 +72,7 @@ def option_values(arguments: Dict[str, Any]) -> Dict[str, Any]:
     The callbacks list every option in their signatures (for users and their
     editors) and pass them on as one dict: ``option_values(locals())``.
 
-    >>> sorted(option_values(dict(Options(*range(16))._asdict(), self=None, comm=None)))[:3]
+    >>> sorted(option_values(dict(Options(*range(17))._asdict(), self=None, comm=None)))[:3]
     ['adjust_every', 'cpu_quota', 'deadband']
     """
     return {name: arguments[name] for name in Options._fields}
@@ -118,7 +119,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
                     min_batch_size=1, max_batch_size=None, deadband=DEFAULT_DEADBAND, gain=1.0,
                     adjust_every=20, policy="affine", settle_steps=1, timing=DEFAULT_SUMMARY,
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
-                    history_size=1000, device_sync="auto", cpu_quota="auto",
+                    history_size=1000, device_sync="auto", cpu_quota="auto", tune_split=False,
                     batchnorm_layers: Sequence[str] = (),
                     log_floor: bool = False) -> Tuple[Options, Controller]:
     """Check the callback's options and build its controller.
@@ -142,6 +143,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
     check_choice("policy", policy, POLICIES)
     check_choice("timing", timing, SUMMARIES)
     check_flag("nonblocking", nonblocking)
+    check_flag("tune_split", tune_split)
     _check_device_sync(device_sync)
     _check_cpu_quota(cpu_quota)
     check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
@@ -157,7 +159,8 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
         deadband=controller.deadband, gain=controller.gain, adjust_every=adjust_every,
         policy=policy, settle_steps=settle_steps, timing=timing, nonblocking=nonblocking,
         size_multiple=controller.size_multiple, loss_reduction=loss_reduction,
-        history_size=history_size, device_sync=device_sync, cpu_quota=cpu_quota)
+        history_size=history_size, device_sync=device_sync, cpu_quota=cpu_quota,
+        tune_split=tune_split)
     return options, controller
 
 

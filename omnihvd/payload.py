@@ -1,7 +1,7 @@
 """What each rank contributes to the adjustment allgather, and how the gathered matrix reads.
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
-float64 (56 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
+float64 (72 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix:
 
 ====  =========  ==========================================================
@@ -14,6 +14,8 @@ col   name       meaning
 4     DIGEST     checksum of the whole size vector this rank believes in
 5     CAP        this rank's memory cap (lowered by out-of-memory errors)
 6     ERROR      the standard error of TIME (the noise gate's input)
+7     PERIOD     the window's median step period, waiting included (NaN: none)
+8     PERIOD_ERR the standard error of PERIOD
 ====  =========  ==========================================================
 
 Every float is exact for the integers it carries (a crc32 and batch sizes are far
@@ -35,8 +37,8 @@ from .errors import RankMismatchError
 
 __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered"]
 
-TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR = range(7)
-PAYLOAD_FIELDS = 7  # float64 per rank per adjustment
+TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR = range(9)
+PAYLOAD_FIELDS = 9  # float64 per rank per adjustment
 
 
 def digest(sizes: Sequence[int]) -> float:
@@ -64,6 +66,7 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
     """
     row = [0.0] * PAYLOAD_FIELDS
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
+    row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
     row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
     return row
 
@@ -77,6 +80,8 @@ class Gathered(NamedTuple):
     counts: np.ndarray     # valid samples per rank
     caps: np.ndarray       # memory caps (int64)
     lookahead: int         # the most steps any rank has handed out beyond the current one
+    periods: np.ndarray    # median step periods, waiting included (NaN: none)
+    period_errors: np.ndarray  # their standard errors
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
@@ -92,4 +97,5 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
                                 % step)
     return Gathered(sizes=[int(b) for b in matrix[:, SIZE]], times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
-                    caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()))
+                    caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
+                    periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR])

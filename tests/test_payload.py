@@ -22,12 +22,16 @@ def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
     return np.array(rows, dtype=np.float64)
 
 
-def test_a_row_has_the_seven_columns_in_order():
-    row = payload_row(Measurement(time=0.25, error=0.01, count=9), [10, 30], 1, 2, 28)
-    assert len(row) == PAYLOAD_FIELDS == 7
+def test_a_row_has_the_nine_columns_in_order():
+    row = payload_row(Measurement(time=0.25, error=0.01, count=9, period=0.5, period_error=0.02),
+                      [10, 30], 1, 2, 28)
+    assert len(row) == PAYLOAD_FIELDS == 9
     assert row[payload.TIME] == 0.25 and row[payload.COUNT] == 9 and row[payload.ERROR] == 0.01
     assert row[payload.SIZE] == 30 and row[payload.AHEAD] == 2 and row[payload.CAP] == 28
     assert row[payload.DIGEST] == digest([10, 30])
+    assert row[payload.PERIOD] == 0.5 and row[payload.PERIOD_ERR] == 0.02
+    got = read_gathered(np.array([row, row]), step=3)
+    assert got.periods.tolist() == [0.5, 0.5] and got.period_errors.tolist() == [0.02, 0.02]
 
 
 def test_reading_the_gathered_matrix_gives_every_column_back():

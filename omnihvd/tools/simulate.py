@@ -42,7 +42,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..cadence import Cadence, check_cadence, close_window
+from ..cadence import Cadence, check_cadence
 from ..controller import (DEFAULT_DEADBAND, POLICIES, Controller, TimeModel, apportion, initial_split,
                           resolve_bounds, solve_time_model)
 from ..errors import ConfigError
@@ -89,6 +89,10 @@ class Cluster:
         gradient_bytes: bytes allreduced per step (100e6 ~ ResNet-50 in fp32).
         bandwidth: bytes/s per link of the ring.
         latency: seconds per message of the ring.
+        unseen: per rank (or one for all), the fraction of its local time that also
+            delays the step without showing in its local time: the work around the
+            allreduce on cores a rank shares with others (what
+            ``tune_split`` finds from the step period). 0: local times tell all.
     """
 
     ranks: int = 4
@@ -98,6 +102,7 @@ class Cluster:
     gradient_bytes: float = 100e6
     bandwidth: float = 12.5e9
     latency: float = 5e-6
+    unseen: object = 0.0
 
     def check(self):
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
@@ -110,6 +115,11 @@ class Cluster:
                     and (value > lowest if strict else value >= lowest)):
                 raise ConfigError("%s must be a finite number %s 0, got %r"
                                   % (name, ">" if strict else ">=", value))
+        unseen = np.asarray(self.unseen, dtype=np.float64)
+        if unseen.shape not in ((), (self.ranks,)) or not np.all(np.isfinite(unseen) &
+                                                                (unseen >= 0)):
+            raise ConfigError("unseen must be one number >= 0 or one per rank, got %r"
+                              % (self.unseen,))
 
 
 @dataclass
@@ -126,6 +136,7 @@ class Control:
         latency_steps: steps a prefetching DataLoader has handed out beyond the one
             that gathers (0: the new sizes start at the next step, as in a run whose
             loader does not prefetch).
+        tune_split: also tune the split by the step period (:mod:`omnihvd.tuning`).
     """
 
     policy: str = "affine"
@@ -138,6 +149,7 @@ class Control:
     min_batch_size: object = 1
     max_batch_size: object = None
     history: int = 8
+    tune_split: bool = False
 
     def check(self):
         if self.policy not in POLICIES:
@@ -476,7 +488,8 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
                      min_batch_size=lo, max_batch_size=hi, history=control.history)
     sizes = np.asarray(initial_split(n, B, lo, hi, initial_batch_sizes), dtype=np.int64)
     cadence = Cadence(ctl, adjust_every=control.adjust_every, settle_steps=control.settle_steps,
-                      timing=control.timing)
+                      timing=control.timing, tune_split=control.tune_split)
+    unseen = 1.0 + np.asarray(cluster.unseen, dtype=np.float64)
     equal = np.asarray(apportion(np.ones(n), B, lo, hi), dtype=np.float64)
 
     # Representative ranks: the first of each distinct base speed, then the others.
@@ -504,7 +517,7 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
         factors = _noise_factors(noise_rng, cluster.noise, n)
         local = nominal * factors
         ideal = ideal_step_time(B, x, a)
-        out["step"][t] = float(local.max()) + comm
+        out["step"][t] = float((local * unseen).max()) + comm
         out["ideal"][t] = ideal + comm
         out["oracle"][t] = ideal * float(factors.max()) + comm
         out["equal"][t] = float(np.max((a + equal / x) * factors)) + comm
@@ -514,11 +527,14 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
             best = solve_time_model(TimeModel(a, 1.0 / x), B, min_batch_size=lo, max_batch_size=hi)
             best_balance.append(ideal / float(split_time(best, x, a)))
         cadence.record(local)
+        cadence.record_period(out["step"][t])
         if cadence.gathers_at(t):
-            measured = close_window(cadence.window)
+            measured = cadence.close()
             start, cpu = time.perf_counter(), time.thread_time()
             decision = cadence.decide(t, sizes, measured.time, measured.error, measured.count,
-                                      lookahead=control.latency_steps)
+                                      lookahead=control.latency_steps,
+                                      periods=[measured.period],
+                                      period_errors=[measured.period_error])
             seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
             if decision.skipped is None:
                 decisions.append({"step": t, "effective_step": decision.effective_step,

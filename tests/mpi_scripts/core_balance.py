@@ -31,7 +31,9 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                named_parameters=model.named_parameters())
 adjust = steps + 1 if policy == "none" else 10
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adjust,
-                               policy="proportional" if policy == "none" else policy)
+                               policy={"none": "proportional", "tuned": "affine"}.get(policy,
+                                                                                      policy),
+                               tune_split=policy == "tuned")
 cb.on_train_begin()
 ends = []
 for step in range(steps):
@@ -57,4 +59,5 @@ if rank == 0:
         "proportional_sizes": target, "measured_step_s": measured, "ideal_step_s": ideal,
         "efficiency": ideal / measured, "adjustments": len(changes), "change_steps": changes,
         "overhead_per_step_s": cb.overhead_per_step,
-        "decision_s": max((h["decision_s"] for h in cb.history), default=0.0)}))
+        "decision_s": max((h["decision_s"] for h in cb.history), default=0.0),
+        "tilts": [h.get("tilt") for h in cb.history]}))

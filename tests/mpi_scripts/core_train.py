@@ -37,6 +37,7 @@ op_name, bpps, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 slow = [float(s) for s in (sys.argv[4] if len(sys.argv) > 4 else "1,2,4").split(",")]
 loss_kind = sys.argv[5] if len(sys.argv) > 5 else "mse"
 N = int(sys.argv[6]) if len(sys.argv) > 6 else 245
+tune_split = len(sys.argv) > 7 and sys.argv[7] == "tune"   # probes change sizes too
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 hvd.init()
@@ -108,7 +109,7 @@ op = hvd.Average if op_name == "average" else hvd.Sum
 opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=op,
                                backward_passes_per_step=bpps)
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=3,
-                               deadband=0.0, min_batch_size=MIN,
+                               deadband=0.0, min_batch_size=MIN, tune_split=tune_split,
                                loss_reduction="sum" if loss_kind in ("sum", "ce") else "mean")
 sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=5, drop_last=(op_name == "average"))
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers)
