@@ -23,7 +23,8 @@ and ``alpha - step`` in the order + - - + between two windows at ``alpha`` (the 
 that found the controller calm, and one after), so that a slow drift of the
 machine cancels. It moves ``alpha`` one step towards the better side when that
 side's period is shorter than the centre's by more than ``significance`` standard
-errors; otherwise it holds (at the best split, both sides are slower: the step time
+errors (from the windows' own spread, or from how far apart the two centre windows
+of recent searches fell, whichever is larger); otherwise it holds (at the best split, both sides are slower: the step time
 is the slowest rank's, a V around the best split) and probes again after twice as
 many calm windows as before, so a split at its best is probed ever more rarely.
 Every decision follows from the gathered periods alone, so every rank reaches the
@@ -53,6 +54,7 @@ from .errors import ConfigError
 __all__ = ["TiltSearch", "tilt_weights"]
 
 MIN_SHARE_FACTOR = 0.05   # the least a negative tilt multiplies a rank's share by
+DRIFT_SEARCHES = 8        # searches whose centre windows estimate the noise between windows
 
 
 def tilt_weights(batch_sizes, times, tilt: float) -> np.ndarray:
@@ -138,6 +140,7 @@ class TiltSearch:
         self._calm = 0
         self._plan: List[int] = []                   # signs of the probes still to run
         self._seen: List[Tuple[int, float, float]] = []  # (sign, log period, rel. error)
+        self._apart: List[float] = []   # |log difference| of each search's two centre windows
 
     @property
     def probing(self) -> bool:
@@ -185,12 +188,25 @@ class TiltSearch:
         sides = {sign: _mean_of(self._seen, sign) for sign in (1, -1)}
         best = min(sides, key=lambda sign: sides[sign][0])
         gain = centre[0] - sides[best][0]   # how much shorter the better side's period is
-        moved = gain > self.significance * math.hypot(centre[1], sides[best][1])
+        moved = gain > self.significance * max(math.hypot(centre[1], sides[best][1]),
+                                               self._between_windows())
         if moved:
             self.tilt = float(np.clip(self.tilt + best * self.step, -self.max_tilt,
                                       self.max_tilt))
         self._end(moved)
         return None
+
+    def _between_windows(self) -> float:
+        """The standard error of the centre-minus-side difference from how much one
+        window's period moves against the next on this machine, which a window's own
+        spread does not show (the load of shared cores drifts over seconds): read off
+        how far the two centre windows of each search fell apart (the last
+        :data:`DRIFT_SEARCHES` searches, this one included)."""
+        centre = [log_period for sign, log_period, _ in self._seen if sign == 0]
+        self._apart = (self._apart + [abs(centre[-1] - centre[0])])[-DRIFT_SEARCHES:]
+        # median |difference of two windows| = 0.6745 * sqrt(2) * one window's deviation
+        one_window = float(np.median(self._apart)) / (0.6745 * math.sqrt(2.0))
+        return one_window * math.sqrt(1.0 / 2 + 1.0 / self.pairs)   # 2 centre, `pairs` side
 
     def abandon(self):
         """Drop a search under way (the controller moved, the world changed)."""
@@ -209,7 +225,8 @@ class TiltSearch:
         return {"tilt": self.tilt, "wait": self._wait}
 
     def load_state_dict(self, state):
-        """Restore :meth:`state_dict`'s tilt (a search under way starts again)."""
+        """Restore :meth:`state_dict`'s tilt (a search under way starts again, and the
+        noise between windows is learnt again)."""
         try:
             tilt, wait = float(state["tilt"]), int(state["wait"])
         except (KeyError, TypeError, ValueError) as exc:

@@ -16,11 +16,13 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_scripts")
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("workers,drop_last", [(0, 1), (2, 0)])
-def test_weighted_gradient_equals_single_process_global_batch(workers, drop_last):
+@pytest.mark.parametrize("workers,drop_last,tune", [(0, 1, ""), (2, 0, ""), (0, 1, "tune")])
+def test_weighted_gradient_equals_single_process_global_batch(workers, drop_last, tune):
     # Sizes switch at steps 1 and 2 (a loaded schedule) and then by the controller
-    # (rank 0 is slowed); rank 0 replays every step in one process (float64).
-    out = torchrun(3, os.path.join(HERE, "ddp_train.py"), workers, drop_last).stdout
+    # (rank 0 is slowed; with "tune" also by tune_split's probes); rank 0 replays
+    # every step in one process (float64).
+    out = torchrun(3, os.path.join(HERE, "ddp_train.py"), workers, drop_last,
+                   *([tune] if tune else [])).stdout
     line = [l for l in out.splitlines() if l.startswith("DDP-RESULT ")]
     assert line and "DDP-OK" in out, out[-4000:]
     r = json.loads(line[0][len("DDP-RESULT "):])

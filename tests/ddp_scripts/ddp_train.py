@@ -26,6 +26,7 @@ import omnihvd  # noqa: E402
 from omnihvd.comm import TorchDistComm  # noqa: E402
 
 workers, drop_last = int(sys.argv[1]), bool(int(sys.argv[2]))
+tune_split = len(sys.argv) > 3 and sys.argv[3] == "tune"   # its probes change sizes too
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -62,7 +63,7 @@ def make_net(slow=0.0):
 model = torch.nn.parallel.DistributedDataParallel(make_net(PER_SAMPLE), bucket_cap_mb=0.0005)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=B, adjust_every=3, deadband=0.0,
-                                  min_batch_size=2)
+                                  min_batch_size=2, tune_split=tune_split)
 # Deterministic size changes at steps 1 and 2, as a resumed checkpoint schedules them.
 cb.load_state_dict({"version": 1, "global_batch_size": B, "num_ranks": size, "step": 0,
                     "epoch": 0, "batch_sizes": [8, 8, 8],
