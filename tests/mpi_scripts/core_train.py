@@ -187,6 +187,8 @@ if rank == 0:
     print("max |param - single-process param| = %.3g" % worst)
     assert worst < 1e-9, worst
     assert cb.adjustments >= 1, "the controller never moved the sizes"
+    if tune_split:   # the search ran: some window was timed at a tilted split
+        assert cb.cadence.tuner.searches >= 1 or cb.cadence.tuner.probing, "no search ran"
     for h in history: print(h["step"], h["sizes"], ["%.4f" % t for t in h["times"]], h["new_sizes"], h["effective_step"])
     print("loss %s, N %d: last step sizes %s" % (loss_kind, N, [len(all_logs[r][-1][-1]) for r in range(size)]))
     print("CORE-OK")
