@@ -128,8 +128,9 @@ class Cadence:
         self.settle_steps = int(settle_steps)
         self.timing = timing
         self.window = TimingWindow(self.settle_steps, timing)
-        self.periods = TimingWindow(self.settle_steps, "median")
+        # step periods are timed only for the search (nothing per step without it)
         self.tuner = TiltSearch() if tune_split else None
+        self.periods = TimingWindow(self.settle_steps, "median") if tune_split else None
         self._window_sizes: Optional[List[int]] = None
         self._window_key = None
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
@@ -142,7 +143,8 @@ class Cadence:
         key = sizes.astype(np.int64).tobytes() if isinstance(sizes, np.ndarray) else tuple(sizes)
         if key != self._window_key:
             self.window.reset(settle=True)
-            self.periods.reset(settle=True)
+            if self.periods is not None:
+                self.periods.reset(settle=True)
             self._window_key = key
             self._window_sizes = [int(b) for b in sizes]
 
@@ -152,14 +154,19 @@ class Cadence:
 
     def record_period(self, seconds) -> bool:
         """Offer a step's period: its wall time, waiting for the others included
-        (what :class:`~omnihvd.tuning.TiltSearch` minimises)."""
-        return self.periods.add(seconds)
+        (what :class:`~omnihvd.tuning.TiltSearch` minimises); ignored (False)
+        without ``tune_split``."""
+        return self.periods is not None and self.periods.add(seconds)
 
     def close(self) -> Measurement:
-        """Summarise the window (local times and periods) and empty it."""
+        """Summarise the window (local times, and periods under ``tune_split``) and
+        empty it."""
+        measured = close_window(self.window)
+        if self.periods is None:
+            return measured
         period, period_error, _ = self.periods.measure()
         self.periods.reset(settle=False)
-        return close_window(self.window)._replace(period=period, period_error=period_error)
+        return measured._replace(period=period, period_error=period_error)
 
     def gathers_at(self, step: int) -> bool:
         """Whether step ``step`` (0-based, global) closes a window and gathers."""

@@ -382,9 +382,10 @@ class OmniLearnCallback(ScheduledSizes):
             self.on_train_begin()
         t0 = time.perf_counter()
         sizes = self.schedule.batch_sizes_at(self.step)
-        if self._began is not None and self._began[0] == self.step - 1:
-            self.cadence.record_period(t0 - self._began[1])  # before a new window opens
-        self._began = (self.step, t0)
+        if self.cadence.tuner is not None:   # the step period, for tune_split only
+            if self._began is not None and self._began[0] == self.step - 1:
+                self.cadence.record_period(t0 - self._began[1])  # before a new window opens
+            self._began = (self.step, t0)
         self._step_sizes = sizes
         if batch is not None and not isinstance(batch, int):
             self.check_batch(batch)
@@ -578,8 +579,7 @@ class OmniLearnCallback(ScheduledSizes):
         got = read_gathered(matrix, self.step)
         record = {"step": self.step + 1, "epoch": self.epoch, "sizes": got.sizes,
                   "times": [float(t) for t in got.times],
-                  "samples": [int(c) for c in got.counts],
-                  "periods": [float(p) for p in got.periods]}
+                  "samples": [int(c) for c in got.counts]}
         capped = tighten_caps(self.controller, got.caps)  # a rank ran out of memory
         if capped:
             record["caps"] = self.controller.hi.tolist()
@@ -598,7 +598,7 @@ class OmniLearnCallback(ScheduledSizes):
                 log.info("omnihvd: step %d: split tilt %+.2f -> %+.2f (step periods %s s)",
                          self.step + 1, before, tuner.tilt,
                          ", ".join("%.4g" % p for p in got.periods))
-            record["tilt"] = tuner.tilt
+            record.update(tilt=tuner.tilt, periods=[float(p) for p in got.periods])
         record["decision_s"] = time.perf_counter() - t0
         self._adjustments += decision.changed
         self.history.append(record)

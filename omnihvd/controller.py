@@ -854,10 +854,8 @@ class Controller:
         """
         if not self._sizes:
             raise RuntimeError("split_at needs an observed round")
-        b = self._sizes[-1]
-        pooled = self._pool_sizes is not None and np.array_equal(b, self._pool_sizes)
-        t = self.pooled()[0] if pooled else self._times[-1]
-        return self._solve(b, t, pooled, tilt, 1.0)
+        # the pool always holds the latest round's sizes (observe starts it afresh)
+        return self._solve(self._sizes[-1], self.pooled()[0], True, tilt, 1.0)
 
     def _trust_region(self, b):
         """Bounds no farther than ``max_step_ratio`` from ``b`` (when ``b`` is valid)."""
@@ -953,6 +951,7 @@ class Controller:
                 (("sizes", np.int64), ("sum", np.float64), ("count", np.float64)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError("Controller state has a malformed pool (%s)" % exc) from exc
-        if pool is None or any(v.shape != (self.num_ranks,) for v in pool) or np.any(pool[2] < 1):
+        if (pool is None or any(v.shape != (self.num_ranks,) for v in pool) or np.any(pool[2] < 1)
+                or not np.array_equal(pool[0], self._sizes[-1])):   # the pool is of the latest
             pool = (self._sizes[-1], self._times[-1].copy(), np.ones(self.num_ranks))
         self._pool_sizes, self._pool_sum, self._pool_count = pool

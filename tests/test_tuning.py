@@ -210,3 +210,11 @@ def test_the_simulator_refuses_a_malformed_unseen():
     for bad in ([0.1, 0.2], -0.1, math.inf):
         with pytest.raises(ConfigError, match="unseen"):
             simulate(Cluster(ranks=4, unseen=bad), "hl1", global_batch_size=64, steps=10)
+
+
+def test_without_tune_split_no_period_is_timed_or_sent():
+    cad = Cadence(Controller(2, 60), adjust_every=4, settle_steps=0)
+    cad.begin_step([30, 30])
+    assert cad.record(0.1) and not cad.record_period(0.2)
+    m = cad.close()
+    assert m.time == pytest.approx(0.1) and math.isnan(m.period) and math.isnan(m.period_error)
