@@ -229,13 +229,12 @@ class Cadence:
             self.controller.observe(sizes, times)
             probe = tuner.measured(*period)
         else:
-            self.controller.tilt = tuner.tilt
-            new = self.controller.decide(sizes, times, errors if use_errors else None)
+            new = self.controller.decide(sizes, times, errors if use_errors else None,
+                                         tilt=tuner.tilt)
             decision = self.propose(step, sizes, new, lookahead=lookahead)
             probe = tuner.after_decision(decision.changed, *period)
             if probe is None:
                 return decision
-        self.controller.tilt = tuner.tilt
         split = self.controller.split_at(tuner.tilt if probe is None else probe)
         return self.propose(step, sizes, split, lookahead=lookahead)
 

@@ -654,9 +654,6 @@ class Controller:
         self.significance = _check_float("significance", significance, 0.0)
         self.size_multiple = _check_int("size_multiple", size_multiple, 1)
         self.set_bounds(min_batch_size, max_batch_size)
-        # The tilt of the split (omnihvd.tuning): 0 balances local times; the cadence
-        # sets it from its TiltSearch under tune_split.
-        self.tilt = 0.0
         self.forget()
 
     def set_bounds(self, min_batch_size=1, max_batch_size=None):
@@ -811,7 +808,7 @@ class Controller:
                 noise[r] = scale * float(np.median(deviation[seen[:, r], r]))
         return noise
 
-    def decide(self, batch_sizes, times, errors=None) -> list:
+    def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
 
         Args:
@@ -824,6 +821,8 @@ class Controller:
                 differ by less than ``significance`` such errors, the sizes are kept:
                 the difference is noise, and chasing it would only shuffle samples
                 around. Without them every round is taken at face value.
+            tilt: balance ``t_i * w_i`` instead of ``t_i`` (:func:`omnihvd.tuning.tilt_weights`;
+                0, the default, balances local times; ``tune_split`` searches it).
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
@@ -834,10 +833,10 @@ class Controller:
         pooled = errors is not None
         if pooled:
             t, errors = self._pooled_errors(errors)
-            w = tilt_weights(b, t, self.tilt)
+            w = tilt_weights(b, t, tilt)
             if valid and not self._significant(t * w, errors * w):
                 return b.tolist()
-        new = self._solve(b, t, pooled, self.tilt, self.gain)
+        new = self._solve(b, t, pooled, tilt, self.gain)
         return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband,
                          self.size_multiple)
 
