@@ -373,9 +373,11 @@ def apportion(targets, global_batch_size: int, min_batch_size: IntOrList = 1,
         raise ConfigError("targets must be finite and >= 0, got %r" % (list(w),))
     lo, hi = resolve_bounds(w.size, global_batch_size, min_batch_size, max_batch_size)
     top = float(w.max())
-    # A zero weight would pin a rank to its minimum forever; a tiny floor keeps the
-    # solve well-posed and changes nothing measurable.
-    w = np.maximum(w, top * 1e-9) if top > 0 else np.ones_like(w)
+    # Weights relative to the largest (only their ratios matter; a tiny or subnormal
+    # scale would overflow the solve's breakpoints). A zero weight would pin a rank to
+    # its minimum forever; a tiny floor keeps the solve well-posed and changes nothing
+    # measurable.
+    w = np.maximum(w / top, 1e-9) if top > 0 else np.ones_like(w)
     if _check_int("size_multiple", size_multiple, 1) == 1:
         return _round_to_total(_water_fill(np.zeros_like(w), w, global_batch_size, lo, hi),
                                int(global_batch_size), lo, hi)
@@ -502,6 +504,10 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
     gain = _check_float("gain", gain, 0.0, strict=True)
     deadband = _check_float("deadband", deadband, 0.0)
     lo, hi = resolve_bounds(b.size, global_batch_size, min_batch_size, max_batch_size)
+    # The update is scale-free (only the times' ratios matter), so they are taken
+    # relative to the slowest: no overflow at any float scale. A rank more than 1e12
+    # times faster than the slowest counts as 1e12 times.
+    t = np.maximum(t / t.max(), 1e-12)
     x = b / t
     tbar = _fsum(t) / t.size
     target = np.maximum(b - gain * x * (t - tbar), 0.0)

@@ -7,6 +7,7 @@ seeded numpy draws of continuous values instead, where a tie has probability zer
 """
 import math
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -128,6 +129,29 @@ def test_apportion_largest_remainder_and_ties_to_lower_rank():
     assert apportion([0.2, 0.35, 0.45], 10) == [2, 4, 4]  # 2, 3.5, 4.5: tie to rank 1
     assert apportion([0, 0, 0], 9) == [3, 3, 3]         # no information: equal split
     assert apportion([0, 1], 10) == [1, 9]               # a zero weight still gets its minimum
+
+
+def test_apportion_is_scale_free_down_to_subnormal_weights():
+    # only ratios matter: weights near the bottom of float64 give the split their
+    # ratios give, without overflowing the solve (no warning is let through)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert apportion([1e-300, 1e-310, 0], 10) == apportion([1, 1e-10, 0], 10) == [8, 1, 1]
+        assert apportion([5e-324, 5e-324, 1e-323], 8) == [2, 2, 4]
+        assert apportion([1e-320, 3e-320], 40) == apportion([1, 3], 40) == [10, 30]
+
+
+def test_rebalance_is_scale_free_at_any_float_scale():
+    # the update depends on the times' ratios only; times near either end of float64
+    # give the same split as seconds do, with no overflow on the way
+    sizes, B = [16, 16, 16, 16], 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for scale in (5e-324 / 1e-3, 1e-300, 1e300, 1.7e308 / 4.0):
+            assert rebalance(sizes, [scale * t for t in (4.0, 4.0, 2.0, 1.0)], B) == [8, 8, 16, 32]
+        # the slowest rank gets its minimum; the absurdly fast one is just fast
+        assert rebalance([32, 32], [1.7e308, 5e-324], B) == [1, 63]
+        assert rebalance([32, 32], [1.7e308, 1.7e308], B) == [32, 32]
 
 
 def test_per_rank_max_list_caps_are_held_and_rest_shared():
