@@ -99,7 +99,8 @@ def _as_int_vector(name, values, n=None):
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise ConfigError("%s must hold whole numbers, got %r" % (name, list(values)))
-    elif arr.dtype.kind not in "iu":
+    elif arr.dtype.kind not in "iu" or (isinstance(values, (list, tuple)) and any(
+            isinstance(v, (bool, np.bool_)) for v in values)):  # [16, True] is int64 to numpy
         raise ConfigError("%s must hold integers, got %r" % (name, values))
     return arr.astype(np.int64)
 

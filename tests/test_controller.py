@@ -154,6 +154,15 @@ def test_rebalance_is_scale_free_at_any_float_scale():
         assert rebalance([32, 32], [1.7e308, 1.7e308], B) == [32, 32]
 
 
+def test_a_boolean_is_not_a_batch_size():
+    with pytest.raises(ValueError, match="must hold integers"):
+        rebalance([16, 16, 16, True], [1.0, 1.0, 1.0, 1.0], 49)
+    with pytest.raises(ValueError, match="must hold integers"):
+        rebalance([16, 16, 16, 16], [1.0, 1.0, 1.0, 1.0], 64, max_batch_size=[32, 32, 32, True])
+    with pytest.raises(ValueError, match="must hold integers"):
+        rebalance([True, False], [1.0, 1.0], 2)
+
+
 def test_per_rank_max_list_caps_are_held_and_rest_shared():
     out = rebalance([10, 10, 10, 10], [1.0, 1.0, 1.0, 0.1], 40, max_batch_size=[40, 40, 40, 13])
     assert out[3] == 13 and sum(out) == 40
