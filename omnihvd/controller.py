@@ -60,6 +60,11 @@ __all__ = [
 
 POLICIES = ("affine", "proportional")
 
+# A rank's new time must stray from the prediction by more than this many times the
+# measured noise of one round (and by ``change_tolerance``) to count as a change of
+# speed: a round of Gaussian noise strays 4 standard deviations about once in 16,000.
+CHANGE_NOISE_FACTOR = 4.0
+
 # The callbacks' and balancer's dead band: new sizes are applied only when some rank's
 # size changes by at least 2%. Telling noise from a real imbalance is the noise gate's
 # work (Controller.decide); the dead band only skips moves too small to matter. At 5%
@@ -630,9 +635,12 @@ class Controller:
             Those errors then also count the noise from one round to the next
             (:meth:`pooled`), which the spread inside one window does not show.
         change_tolerance: a rank whose new time differs from the model's prediction
-            by more than this fraction (of the smaller of the two) has changed speed
-            (noisy neighbour, throttling, new hardware): its older measurements are
-            dropped from the fit. A window that spans such a change reports only its
+            by more than this fraction (of the smaller of the two), and by more than
+            ``CHANGE_NOISE_FACTOR`` times the measured noise of one round
+            (:meth:`pooled`), has changed speed (noisy neighbour, throttling, new
+            hardware): its older measurements are dropped from the fit. Under
+            bursty CPU (CFS quotas) single rounds stray far, and taking each for a
+            change would restart the rank's pool and act on one round. A window that spans such a change reports only its
             part after the change (:func:`omnihvd.timing.speed_change_start`, same
             default fraction).
         size_multiple: every size is a multiple of this k (rank 0 also taking
@@ -716,8 +724,10 @@ class Controller:
             predicted = predict_step_times(self.model(), b)
             # Relative to the smaller of the two, so that a speed-up counts as much as
             # the slow-down that undoes it (0.16 s -> 0.12 s is 1.33x, like 0.12 -> 0.16).
-            changed = fitted & (np.abs(t - predicted)
-                                > self.change_tolerance * np.minimum(t, predicted))
+            noise = self._round_noise()
+            tolerance = np.maximum(self.change_tolerance,
+                                   np.where(np.isfinite(noise), CHANGE_NOISE_FACTOR * noise, 0.0))
+            changed = fitted & (np.abs(t - predicted) > tolerance * np.minimum(t, predicted))
             for row in self._valid:
                 row[changed] = False
             sound = (fitted | (b == self._sizes[-1])) & ~changed
@@ -774,8 +784,8 @@ class Controller:
         Returns:
             ``(times, rounds, noise)``, one entry per rank: the pool's mean time, how
             many rounds it holds (at most ``history``), and the relative noise of one
-            round's time (from the rank's own rounds once it has three, else from
-            every rank's; NaN until there are three).
+            round's time (from every rank's rounds, or the rank's own once it has
+            three and they show more; NaN until there are three).
 
         >>> ctl = Controller(2, 60)
         >>> for t in ([1.0, 2.0], [1.1, 2.0], [0.9, 2.0], [1.0, 2.0]):
@@ -811,8 +821,11 @@ class Controller:
             # sqrt(2) times one round's.
             scale = MAD_TO_SD / math.sqrt(2.0)
             noise[:] = scale * float(np.median(deviation[seen]))
+            # A rank's own estimate (from few rounds) may fall far below the truth;
+            # every rank's together is the floor, so one lucky run of rounds does not
+            # make a rank look quiet enough to act on a single round of it.
             for r in np.flatnonzero(seen.sum(axis=0) >= 3):
-                noise[r] = scale * float(np.median(deviation[seen[:, r], r]))
+                noise[r] = max(noise[r], scale * float(np.median(deviation[seen[:, r], r])))
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0) -> list:
