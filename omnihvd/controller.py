@@ -640,9 +640,9 @@ class Controller:
             (:meth:`pooled`), has changed speed (noisy neighbour, throttling, new
             hardware): its older measurements are dropped from the fit. Under
             bursty CPU (CFS quotas) single rounds stray far, and taking each for a
-            change would restart the rank's pool and act on one round. A window that spans such a change reports only its
-            part after the change (:func:`omnihvd.timing.speed_change_start`, same
-            default fraction).
+            change would restart the rank's pool and act on one round. A window
+            that spans such a change reports only its part after the change
+            (:func:`omnihvd.timing.speed_change_start`, same default fraction).
         size_multiple: every size is a multiple of this k (rank 0 also taking
             ``B mod k``; see :func:`unit_bounds`), so few distinct shapes occur.
 
