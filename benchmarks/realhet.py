@@ -8,7 +8,8 @@ to a core set (every thread, like ``taskset -a -p -c``) and/or put in a cgroup w
 CFS quota (``cpu.cfs_quota_us``; v2 ``cpu.max``). Scenarios may change the placement
 after an epoch (dynamic heterogeneity). See docs/real-heterogeneity.rst.
 
-For each scenario, interleaved over ``--repeats`` repeats, it runs the script in
+For each scenario, interleaved over ``--repeats`` repeats (the order rotated by one
+place per repeat, see ``run_order``), it runs the script in
 three modes: plain Horovod (equal split), omnihvd (default options) and fixed splits
 (omnihvd's sampler and weighting, balancing off) derived from the known CPU shares
 -- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True`` --
@@ -374,6 +375,19 @@ def disturbed(record: dict, max_foreign_cpu: Optional[float]) -> bool:
     return max_foreign_cpu is not None and record["foreign_cpu_s"] > max_foreign_cpu
 
 
+def run_order(num_modes: int, repeat: int) -> List[int]:
+    """The order in which one repeat runs the modes: rotated by one place per repeat, so
+    that over ``num_modes`` repeats each mode runs once in each position (a run's time
+    drifts with its place in the sequence on a shared machine; a fixed order would charge
+    that drift to whichever mode always runs there).
+
+    >>> [run_order(3, r) for r in range(4)]
+    [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    """
+    first = repeat % num_modes
+    return list(range(first, num_modes)) + list(range(first))
+
+
 def run_scenario(args, name: str, spec: str) -> dict:
     phases = parse_spec(spec, args.available)
     n = phases[0].num_ranks
@@ -384,7 +398,8 @@ def run_scenario(args, name: str, spec: str) -> dict:
         modes += [("fixed", s) for s in candidates]
     runs = []
     for repeat in range(args.repeats):
-        for k, (mode, split) in enumerate(modes):
+        for position, k in enumerate(run_order(len(modes), repeat)):
+            mode, split = modes[k]
             tag = "%d-%d" % (repeat, k)
             rec = run_once(args, phases, mode, split, tag)
             for retry in range(args.retries):
@@ -394,7 +409,7 @@ def run_scenario(args, name: str, spec: str) -> dict:
                     name, repeat, mode, rec["foreign_cpu_s"]), flush=True)
                 rec = dict(run_once(args, phases, mode, split, "%s-%d" % (tag, retry)),
                            disturbed_before=retry + 1)
-            rec["repeat"] = repeat
+            rec["repeat"], rec["position"] = repeat, position
             runs.append(rec)
             print("  %-16s repeat %d %-7s %-16s %s" % (
                 name, repeat, mode, ",".join(map(str, split)) if split else "",

@@ -57,6 +57,27 @@ def test_disturbed_runs_are_run_again(monkeypatch):
     assert not realhet.disturbed({"foreign_cpu_s": 9.0}, None)
 
 
+def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
+    order = []
+
+    def fake_run(args, phases, mode, split, tag):
+        order.append((mode, tuple(split) if split else None))
+        return {"foreign_cpu_s": 0.0, "measured_s": 1.0, "final_sizes": [96, 48, 48]}
+
+    monkeypatch.setattr(realhet, "run_once", fake_run)
+    monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
+    args = realhet.parse_args(["--modes", "plain,omnihvd,fixed", "--repeats", "4",
+                               "--lambdas", "1,2"])   # fixed splits 96,48,48 and 128,32,32
+    args.available = [0, 1]
+    runs = realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+    modes = sorted(set(order), key=order.index)
+    assert len(modes) == 4 and len(order) == 16
+    positions = {m: sorted(r["position"] for r, o in zip(runs, order) if o == m)
+                 for m in modes}
+    assert all(p == [0, 1, 2, 3] for p in positions.values()), positions
+    assert [r["repeat"] for r in runs] == [r for r in range(4) for _ in range(4)]
+
+
 def test_the_harness_docstring_examples():
     import doctest
     result = doctest.testmod(realhet)
