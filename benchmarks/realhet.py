@@ -495,8 +495,30 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
                                 if r["mode"] == "omnihvd" and "final_sizes" in r],
         "failed_runs": sum("measured_s" not in r for r in runs),
         "foreign_cpu_s_max": max((r["foreign_cpu_s"] for r in runs), default=None),
+        "position_effect": position_effect(runs),
         "runs": runs,
     })
+
+
+def position_effect(runs: List[dict]) -> Optional[List[float]]:
+    """How a run's time drifts with its place in the repeat: per position, the median
+    over the runs there of each run's time over its mode's median (1.0: no effect).
+    None for results of harnesses that did not record positions.
+
+    >>> runs = [{"mode": m, "split": None, "repeat": r, "position": (i + r) % 2,
+    ...          "measured_s": t * (1.1 if (i + r) % 2 else 1.0)}
+    ...         for r in range(2) for i, (m, t) in enumerate([("plain", 3.0), ("omnihvd", 2.0)])]
+    >>> position_effect(runs)
+    [0.952, 1.048]
+    """
+    timed = [r for r in runs if "measured_s" in r and "position" in r]
+    if not timed:
+        return None
+    by_position = {}
+    for r in timed:
+        mode_median = _median(runs, r["mode"], r["split"])[0]
+        by_position.setdefault(r["position"], []).append(r["measured_s"] / mode_median)
+    return [round(statistics.median(by_position[p]), 3) for p in sorted(by_position)]
 
 
 def with_held_out(result: dict) -> dict:
@@ -608,6 +630,11 @@ def markdown(doc) -> str:
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
                                                       _fmt(f["median_s"])) for f in s["fixed"]))
         for s in doc["scenarios"] if s["fixed"]))
+    drift = ["%s: %s" % (s["scenario"], " ".join("%.3f" % v for v in s["position_effect"]))
+             for s in doc["scenarios"] if s.get("position_effect")]
+    if drift:
+        out += ["", "Position effect (each run's time over its mode's median, median per "
+                "position in the repeat, first to last): " + "; ".join(drift)]
     return "\n".join(out) + "\n"
 
 
@@ -662,8 +689,9 @@ def parse_args(argv=None):
     p.add_argument("--merge", action="store_true",
                    help="keep the other scenarios already in OUT.json")
     p.add_argument("--resummarize", action="store_true",
-                   help="run nothing: add the held-out best fixed split to OUT.json's "
-                        "scenarios (results of older harnesses) and rewrite OUT.md")
+                   help="run nothing: add the held-out best fixed split and the position "
+                        "effect to OUT.json's scenarios (results of older harnesses) and "
+                        "rewrite OUT.md")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed"}
@@ -705,7 +733,8 @@ def main(argv=None):
     if args.resummarize:
         with open(args.out + ".json") as f:
             doc = json.load(f)
-        doc["scenarios"] = [with_held_out(s) for s in doc["scenarios"]]
+        doc["scenarios"] = [dict(with_held_out(s), position_effect=position_effect(s["runs"]))
+                            for s in doc["scenarios"]]
         write(doc, args.out)
         print("results: %s.json, %s.md" % (args.out, args.out))
         return 0

@@ -62,7 +62,8 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
 
     def fake_run(args, phases, mode, split, tag):
         order.append((mode, tuple(split) if split else None))
-        return {"foreign_cpu_s": 0.0, "measured_s": 1.0, "final_sizes": [96, 48, 48]}
+        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "measured_s": 1.0,
+                "final_sizes": [96, 48, 48]}
 
     monkeypatch.setattr(realhet, "run_once", fake_run)
     monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
@@ -76,6 +77,7 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
                  for m in modes}
     assert all(p == [0, 1, 2, 3] for p in positions.values()), positions
     assert [r["repeat"] for r in runs] == [r for r in range(4) for _ in range(4)]
+    assert realhet.position_effect(runs) == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_the_harness_docstring_examples():
