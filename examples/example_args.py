@@ -1,11 +1,14 @@
 """What the two Fashion-MNIST examples (Horovod and DDP) share: their command-line
-options, the plain-mode loader, the resume, the slowdown and the per-epoch line.
+options, the plain-mode loader, the resume, the slowdown, the per-epoch line and the
+opt-in step anatomy (:class:`StepAnatomy`).
 
 Kept apart from both so that the DDP example needs no Horovod import; the omnihvd
 lines of the training loop stay in each example, where a reader looks for them.
 """
 import argparse
+import json
 import os
+import time
 
 import torch
 
@@ -88,3 +91,65 @@ def end_epoch(args, epoch, seconds, accuracy, cb, loader, net, opt, sampler, ran
         torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(),
                     "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
                    args.checkpoint)
+
+
+ANATOMY_ENV = "OMNIHVD_EXAMPLE_ANATOMY"
+
+
+class StepAnatomy:
+    """Where each step's time goes on this rank, for ``benchmarks/step_anatomy.py``.
+
+    Off (every method does nothing) unless the environment variable
+    ``OMNIHVD_EXAMPLE_ANATOMY`` names a folder. Then, per step, it keeps the batch's
+    samples, omnihvd's local time (``cb.last_step_time``), the loop body before
+    ``opt.step()`` (forward, backward, the callback's ``on_batch_begin``), the time
+    inside ``opt.step()`` (waiting for the other ranks, the allreduce, the update) and
+    the period from this step's start to the next one's; at the end of each epoch it
+    writes them to ``FOLDER/anatomy-MODE[-SPLIT]-JOB-eEPOCH-rRANK.json``. JOB is the
+    launcher's job id (``PMIX_NAMESPACE``, else the parent process: one ``mpirun`` on
+    one node), so that the ranks of one run share it.
+    """
+
+    def __init__(self, args, rank):
+        self.folder = os.environ.get(ANATOMY_ENV) or None
+        split = "-" + "_".join(map(str, args.split)) if args.split else ""
+        job = os.environ.get("PMIX_NAMESPACE") or str(os.getppid())
+        self._name = "anatomy-%s%s-%s" % (args.mode, split, job)
+        self._rank = rank
+        self._steps = []
+        self._begin = self._entry = self._last_begin = None
+
+    def begin(self):
+        """At the top of the loop body, after the loader's ``next()``."""
+        if self.folder:
+            self._begin = time.perf_counter()
+
+    def before_step(self):
+        """Just before ``opt.step()``."""
+        if self.folder:
+            self._entry = time.perf_counter()
+
+    def after_step(self, samples, cb):
+        """Just after ``opt.step()``: record the step."""
+        if not self.folder:
+            return
+        exit_ = time.perf_counter()
+        period = None if self._last_begin is None else self._begin - self._last_begin
+        if self._steps and period is not None:
+            self._steps[-1]["period_s"] = period
+        self._steps.append({"samples": int(samples),
+                            "local_s": None if cb is None else cb.last_step_time,
+                            "before_step_s": self._entry - self._begin,
+                            "in_step_s": exit_ - self._entry, "period_s": None})
+        self._last_begin = self._begin
+
+    def end_epoch(self, epoch):
+        """Write the epoch's steps and start over (the next epoch's first period is
+        not the loop's: evaluation and the barrier lie between)."""
+        if not self.folder:
+            return
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, "%s-e%d-r%d.json" % (self._name, epoch, self._rank))
+        with open(path, "w") as f:
+            json.dump(self._steps, f)
+        self._steps, self._last_begin = [], None

@@ -16,6 +16,8 @@ marked "# omnihvd". Run it like any Horovod job:
 
 --slowdown makes rank i's local work per step that many times slower (it sleeps
 after backward, before opt.step()), to watch omnihvd rebalance on one machine.
+OMNIHVD_EXAMPLE_ANATOMY=FOLDER in the environment records where each step's time
+goes on each rank (benchmarks/step_anatomy.py summarises it).
 --checkpoint PATH saves the model, optimizer, callback and sampler state after
 every epoch and resumes from it when it exists.
 
@@ -35,7 +37,8 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import callback_options, end_epoch, parse_args, plain_loader, resume, slowdown
+from example_args import (StepAnatomy, callback_options, end_epoch, parse_args, plain_loader,
+                          resume, slowdown)
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -64,6 +67,7 @@ def main():
     # Horovod's optimizer holds the state; omnihvd's callback and sampler hold theirs.
     start_epoch = resume(args.checkpoint, model, opt, cb, sampler)
     factor = slowdown(args, hvd.rank())
+    anatomy = StepAnatomy(args, hvd.rank())  # off unless OMNIHVD_EXAMPLE_ANATOMY is set
 
     if cb is not None:
         cb.on_train_begin()                                                              # omnihvd
@@ -77,6 +81,7 @@ def main():
         hvd.barrier()
         t0 = time.perf_counter()
         for x, y in loader:
+            anatomy.begin()
             if cb is not None:
                 cb.on_batch_begin()                                                      # omnihvd
             begin = time.perf_counter()
@@ -85,12 +90,15 @@ def main():
             loss.backward()
             if factor > 1:
                 time.sleep((factor - 1) * (time.perf_counter() - begin))
+            anatomy.before_step()
             opt.step()
+            anatomy.after_step(len(y), cb)
             if cb is not None:
                 cb.on_batch_end()                                                        # omnihvd
         if cb is not None:
             cb.on_epoch_end(epoch)                                                       # omnihvd
         seconds = time.perf_counter() - t0
+        anatomy.end_epoch(epoch)
         end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt, sampler,
                   hvd.rank(), hvd.size())
     if cb is not None:

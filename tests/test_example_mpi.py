@@ -4,11 +4,16 @@ open when the loop ends while ranks evaluate for different times: the first rank
 exit shuts Horovod down on the others, and the gather must not be waited for after
 MPI is finalised (it was, and the job died with "MPI_Wait() called after
 MPI_FINALIZE")."""
+import json
 import os
 import re
+import sys
 
 import pytest
 from mpirun import ROOT, mpirun
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import step_anatomy  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -29,6 +34,29 @@ def test_example_modes_end_cleanly(mode, sizes):
     if sizes is not None:
         assert found[0] == sizes
     assert "MPI_FINALIZE" not in proc.stdout
+
+
+def test_example_records_the_step_anatomy(tmp_path):
+    """OMNIHVD_EXAMPLE_ANATOMY: every rank writes its steps, and the timestamps nest
+    (a step's period holds its body before step() and its time inside step())."""
+    folder = tmp_path / "anatomy"
+    mpirun(3, EXAMPLE, "--epochs", "1", "--global-batch-size", "48", "--steps", "12",
+           "--mode", "fixed", "--split", "24,12,12", timeout=300,
+           env={"OMNIHVD_EXAMPLE_ANATOMY": str(folder)})
+    names = sorted(os.listdir(folder))
+    assert len(names) == 3 and all(n.startswith("anatomy-fixed-24_12_12-") for n in names), names
+    for rank, (name, samples) in enumerate(zip(names, (24, 12, 12))):
+        assert name.endswith("-e0-r%d.json" % rank)
+        with open(folder / name) as f:
+            steps = json.load(f)
+        assert len(steps) == 12 and {s["samples"] for s in steps} == {samples}
+        assert all(s["local_s"] > 0 and s["before_step_s"] > 0 and s["in_step_s"] > 0
+                   for s in steps)
+        assert steps[-1]["period_s"] is None
+        assert all(s["period_s"] >= s["before_step_s"] + s["in_step_s"] for s in steps[:-1])
+    summary = step_anatomy.summarize(str(folder), skip=2)
+    (run,) = summary.values()
+    assert [r["samples"] for r in run["ranks"]] == [24, 12, 12]
 
 
 def test_example_rejects_split_without_fixed_mode():
