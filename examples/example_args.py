@@ -134,9 +134,8 @@ class StepAnatomy:
         if not self.folder:
             return
         exit_ = time.perf_counter()
-        period = None if self._last_begin is None else self._begin - self._last_begin
-        if self._steps and period is not None:
-            self._steps[-1]["period_s"] = period
+        if self._steps:  # the previous step's period ends where this one began
+            self._steps[-1]["period_s"] = self._begin - self._last_begin
         self._steps.append({"samples": int(samples),
                             "local_s": None if cb is None else cb.last_step_time,
                             "before_step_s": self._entry - self._begin,
