@@ -53,9 +53,12 @@ def test_at_tilt_zero_the_controller_decides_as_before():
 # ------------------------------------------------------------------- the search
 
 def run_search(search, period_at, centre=1.0):
-    """One search: returns the tilts of its windows; ``period_at(tilt)``."""
+    """One search (after as many calm windows as it waits for): returns the tilts
+    of its windows; ``period_at(tilt)``."""
     tilts = []
-    tilt = search.after_decision(False, centre, 0.005)
+    tilt = None
+    while tilt is None:
+        tilt = search.after_decision(False, centre, 0.005)
     while tilt is not None:
         tilts.append(tilt)
         tilt = search.measured(period_at(tilt), 0.005)
@@ -63,7 +66,7 @@ def run_search(search, period_at, centre=1.0):
 
 
 def test_a_search_probes_both_sides_in_abba_order_then_the_centre():
-    search = TiltSearch(step=0.1)
+    search = TiltSearch(step=0.1, max_step=0.1)
     tilts = run_search(search, lambda t: 1.0)
     assert tilts == pytest.approx([0.1, -0.1, -0.1, 0.1, 0.0])
     assert search.tilt == 0.0 and search.searches == 1 and not search.probing
@@ -71,7 +74,7 @@ def test_a_search_probes_both_sides_in_abba_order_then_the_centre():
 
 def test_the_tilt_walks_down_a_slope_and_holds_at_the_bottom_of_a_v():
     best = 0.3
-    search = TiltSearch(step=0.1)
+    search = TiltSearch(step=0.1, max_step=0.1)
     for _ in range(12):
         while search.after_decision(False, 1.0 + abs(search.tilt - best), 0.005) is None:
             pass
@@ -82,10 +85,10 @@ def test_the_tilt_walks_down_a_slope_and_holds_at_the_bottom_of_a_v():
 
 
 def test_a_difference_within_the_noise_does_not_move_the_tilt():
-    search = TiltSearch(step=0.1)
+    search = TiltSearch(step=0.1, max_step=0.1)
     run_search(search, lambda t: 0.99 if t > 0 else 1.0)   # 1% better, errors 0.5%...
     assert search.tilt == 0.1
-    noisy = TiltSearch(step=0.1)
+    noisy = TiltSearch(step=0.1, max_step=0.1)
     tilt = noisy.after_decision(False, 1.0, 0.05)            # ...but not with errors of 5%
     while tilt is not None:
         tilt = noisy.measured(0.99 if tilt > 0 else 1.0, 0.05)
@@ -93,7 +96,7 @@ def test_a_difference_within_the_noise_does_not_move_the_tilt():
 
 
 def test_after_a_hold_the_search_waits_twice_as_long_and_a_move_searches_again_soon():
-    search = TiltSearch(step=0.1, max_wait=4)
+    search = TiltSearch(step=0.1, max_step=0.1, max_wait=4)
     calm_windows = []
     for _ in range(4):
         calm = 1
@@ -107,6 +110,55 @@ def test_after_a_hold_the_search_waits_twice_as_long_and_a_move_searches_again_s
     assert search.after_decision(True, 1.0, 0.001) is None   # the controller moved: wait
 
 
+def searches_to_reach(best, **options):
+    """Searches until the tilt holds at ``best`` on a noiseless V ``1 + |tilt - best|``."""
+    search = TiltSearch(**options)
+    for count in range(1, 30):
+        before = search.tilt
+        run_search(search, lambda t: 1.0 + abs(t - best), centre=1.0 + abs(search.tilt - best))
+        if search.tilt == before and search.distance == search.step:
+            return count, search
+    raise AssertionError("no hold at the finest distance in 30 searches")
+
+
+def test_the_search_goes_coarse_to_fine_and_reaches_a_far_tilt_in_few_searches():
+    search = TiltSearch()   # probes at 0.4 first
+    tilts = run_search(search, lambda t: 1.0 + abs(t - 0.8), centre=1.8)
+    assert tilts == pytest.approx([0.4, -0.4, -0.4, 0.4, 0.0]) and search.tilt == 0.4
+    assert search.distance == 0.4            # a first move keeps the distance
+    coarse, found = searches_to_reach(0.8)
+    fine, fixed = searches_to_reach(0.8, max_step=0.1)
+    assert found.tilt == pytest.approx(0.8) and fixed.tilt == pytest.approx(0.8)
+    assert coarse <= 4 < 8 < fine            # 0.4, 0.8, hold, hold, vs eight moves of 0.1
+    near, _ = searches_to_reach(0.1)         # a near best costs the coarse probes once
+    assert near <= 4
+
+
+def test_holds_and_reversals_halve_the_distance_and_a_second_move_doubles_it():
+    search = TiltSearch(step=0.1, max_step=0.4)
+    run_search(search, lambda t: 1.0 + abs(t))              # hold at 0: 0.4 -> 0.2
+    assert search.tilt == 0.0 and search.distance == pytest.approx(0.2)
+    # a coarse hold is not the end of a search: the finer one starts at once
+    assert search.after_decision(False, 1.0, 0.005) == pytest.approx(0.2)
+    search.abandon()
+    run_search(search, lambda t: 1.0 - t)                   # move +0.2: first, keep
+    run_search(search, lambda t: 1.0 - t, centre=0.8)       # +0.2 again: double
+    assert search.tilt == pytest.approx(0.4) and search.distance == pytest.approx(0.4)
+    run_search(search, lambda t: 1.0 + t, centre=1.4)       # reversal to 0: halve
+    assert search.tilt == pytest.approx(0.0) and search.distance == pytest.approx(0.2)
+    for _ in range(3):
+        run_search(search, lambda t: 1.0 + abs(t))          # holds: never below step
+    assert search.distance == pytest.approx(0.1)
+
+
+def test_probes_stay_within_max_tilt():
+    search = TiltSearch(max_tilt=0.5)
+    search.tilt = 0.4
+    tilts = run_search(search, lambda t: 1.0 - t, centre=0.6)
+    assert max(tilts) == 0.5 and min(tilts) == pytest.approx(0.0)
+    assert search.tilt == 0.5
+
+
 def test_an_unusable_period_abandons_the_search():
     search = TiltSearch()
     assert search.after_decision(False, math.nan, 0.0) is None   # no period: no search
@@ -118,7 +170,8 @@ def test_an_unusable_period_abandons_the_search():
 @pytest.mark.parametrize("kwargs,needle", [
     ({"step": 0.0}, "step"), ({"step": 2.0}, "max_tilt"), ({"pairs": 0}, "pairs"),
     ({"significance": -1}, "significance"), ({"max_wait": True}, "max_wait"),
-    ({"step": math.nan}, "step"),
+    ({"step": math.nan}, "step"), ({"step": 0.3, "max_step": 0.2}, "max_step"),
+    ({"max_step": 2.0}, "max_tilt"),
 ])
 def test_bad_search_options_are_named(kwargs, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -127,11 +180,14 @@ def test_bad_search_options_are_named(kwargs, needle):
 
 def test_the_search_state_round_trips_and_bad_state_is_refused():
     search = TiltSearch()
-    search.tilt, search._wait = 0.3, 4
+    search.tilt, search._wait, search.distance = 0.3, 4, 0.2
     other = TiltSearch()
     other.load_state_dict(search.state_dict())
     assert other.tilt == 0.3 and other.state_dict() == search.state_dict()
-    for bad in ({}, {"tilt": "x", "wait": 1}, {"tilt": 5.0, "wait": 1}, {"tilt": 0, "wait": 0}):
+    other.load_state_dict({"tilt": 0.3, "wait": 4})   # saved before the distance
+    assert other.distance == other.step
+    for bad in ({}, {"tilt": "x", "wait": 1}, {"tilt": 5.0, "wait": 1}, {"tilt": 0, "wait": 0},
+                {"tilt": 0, "wait": 1, "distance": math.nan}, [0.3, 4]):
         with pytest.raises(ConfigError):
             other.load_state_dict(bad)
 
@@ -166,9 +222,15 @@ def test_tuning_finds_what_local_times_do_not_show():
     tuned, _, tuned_periods = run_cadence(True)
     assert plain.tuner is None and plain_sizes == [128, 43, 43, 42]
     # the best split balances local * (1 + unseen), about 141 / 38 on rank 0 / the
-    # others; one step of tilt (136 / 40) is as close as 0.1 steps get
-    assert tuned.tuner.tilt == pytest.approx(0.1)
-    assert tuned.controller.split_at(tuned.tuner.tilt) == [136, 40, 40, 40]
+    # others; on the search's grid of 0.1, tilts 0.1 (136 / 40) and 0.2 (144 / 38)
+    # tie at the shortest period, 0.048 s, against 0.0516 s at tilt 0
+    def period_at(tilt):
+        local = np.asarray(tuned.controller.split_at(tilt)) / np.asarray([3.0, 1, 1, 1]) / 1e3
+        return float((local * np.asarray([1.0, 1.2, 1.2, 1.2])).max())
+    grid = [k / 10 for k in range(-10, 11)]
+    assert tuned.tuner.tilt in (pytest.approx(0.1), pytest.approx(0.2))
+    assert period_at(tuned.tuner.tilt) == pytest.approx(min(map(period_at, grid)))
+    assert period_at(tuned.tuner.tilt) == pytest.approx(0.048)
     assert np.mean(tuned_periods[-100:]) < 0.95 * np.mean(plain_periods[-100:])
 
 
