@@ -36,7 +36,7 @@ The probe distance ``s`` goes coarse to fine: the first search probes at
 machine; a hold or a reversal halves ``s`` (down to ``step``), and a second move
 the same way doubles it (up to ``max_step``). A tilt far from 0 is then reached in
 a few searches rather than one ``step`` per search: under HL8's CPU quotas the
-best split lay near tilt 0.8, eight searches of 0.1 (stop 26's anatomy).
+best fixed split lay near tilt 0.8, eight searches of 0.1 (benchmarks/RESULTS.md).
 
 Pure Python and numpy: no torch, horovod or mpi4py.
 
