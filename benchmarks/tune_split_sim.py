@@ -25,8 +25,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -38,8 +36,7 @@ BATCH = 256
 def scenarios(simulate_module):
     """(name, cluster, profile) of every scenario."""
     Cluster, SpeedProfile = simulate_module.Cluster, simulate_module.SpeedProfile
-    base = np.asarray([3.0, 1.0, 1.0, 1.0])
-    three_to_one = SpeedProfile("3:1:1:1", base, None, lambda n: (base for _ in range(n)))
+    three_to_one = SpeedProfile.constant("3:1:1:1", [3.0, 1.0, 1.0, 1.0])
     for unseen in (0.0, 0.2, 0.8):
         yield ("3:1:1:1 unseen %.1f" % unseen,
                Cluster(ranks=4, noise=0.1, unseen=[0.0, unseen, unseen, unseen],

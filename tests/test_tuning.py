@@ -250,15 +250,10 @@ def test_two_cadences_fed_the_same_gathers_reach_the_same_splits():
 
 # ---------------------------------------------------------------- the simulator
 
-def fixed_speeds(speeds):
-    base = np.asarray(speeds, dtype=np.float64)
-    return SpeedProfile("custom", base, None, lambda n: (base for _ in range(n)))
-
-
 def mean_step(tune_split, unseen, seed):
     r = simulate(Cluster(ranks=4, noise=0.1, unseen=unseen, overhead=0.002, throughput=2000),
-                 fixed_speeds([3, 1, 1, 1]), global_batch_size=256, steps=1500, seed=seed,
-                 control=Control(tune_split=tune_split))
+                 SpeedProfile.constant("3:1:1:1", [3, 1, 1, 1]), global_batch_size=256,
+                 steps=1500, seed=seed, control=Control(tune_split=tune_split))
     return float(r.step_time[500:].mean())
 
 

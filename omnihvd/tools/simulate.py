@@ -215,6 +215,17 @@ class SpeedProfile:
     def stream(self, steps):
         return self._stream_fn(steps)
 
+    @classmethod
+    def constant(cls, name, speeds) -> "SpeedProfile":
+        """Every rank at the same speed for the whole run.
+
+        >>> p = SpeedProfile.constant("3:1", [3.0, 1.0])
+        >>> [s.tolist() for s in p.stream(2)], p.change_steps
+        ([[3.0, 1.0], [3.0, 1.0]], [0])
+        """
+        speeds = np.asarray(speeds, dtype=np.float64)
+        return cls(name, speeds, [0], lambda steps: (speeds for _ in range(steps)))
+
 
 def make_profile(name: str, ranks: int, steps: int, *, seed: int = 0, base: str = "hl1",
                  phase_steps: Optional[int] = None, slow_fraction: float = 0.1,
@@ -249,8 +260,7 @@ def make_profile(name: str, ranks: int, steps: int, *, seed: int = 0, base: str 
         raise ConfigError("drift must be >= 0 and 0 <= reversion <= 1; got %r, %r" % (drift, reversion))
     rng = np.random.default_rng([seed, 1])
     if name in HL_LEVELS:
-        speeds = hl_speeds(name, ranks)
-        return SpeedProfile(name, speeds, [0], lambda steps_: (speeds for _ in range(steps_)))
+        return SpeedProfile.constant(name, hl_speeds(name, ranks))
     base_speeds = hl_speeds(base, ranks)
     if name == "dynamic":
         phase = phase_steps or max(1, steps // len(DYNAMIC_SCHEDULE))
