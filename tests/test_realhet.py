@@ -112,3 +112,34 @@ def test_held_out_best_fixed_split_is_timed_on_repeats_it_was_not_chosen_on(tmp_
     with open(out + ".md") as f:
         assert "| 2.150 | 1.08 |" in f.read()
     assert realhet.held_out_best({(2, 1): {0: 1.0}}) == []   # one repeat: nothing to hold out
+
+
+def test_thread_cpu_puts_the_main_thread_first_and_sees_a_busy_thread():
+    import threading
+    import time
+    pause, stop, tid = threading.Event(), threading.Event(), []
+
+    def spin():
+        tid.append(threading.get_native_id())
+        while not pause.is_set():
+            pass
+        stop.wait()            # idle and alive: its CPU time stays put
+
+    worker = threading.Thread(target=spin, daemon=True)
+    worker.start()
+    time.sleep(0.5)            # the worker holds the GIL in turns: it gets CPU
+    pause.set()
+    time.sleep(0.05)
+    try:
+        cpu = realhet.thread_cpu(os.getpid())
+        own = realhet.process_cpu(os.getpid(), tid[0])
+        main = realhet.process_cpu(os.getpid(), os.getpid())
+    finally:
+        stop.set()
+        worker.join()
+    assert own > 0 and cpu[tid[0]] == own, (own, cpu)
+    assert 0 < cpu[os.getpid()] <= main     # the main thread (still running)
+    report = realhet.main_thread_first(cpu, os.getpid())
+    assert report[0] == round(cpu[os.getpid()], 2) and round(own, 2) in report[1:]
+    assert report[1:] == sorted(report[1:], reverse=True)
+    assert realhet.thread_cpu(2 ** 22 + 12345) is None    # no such process

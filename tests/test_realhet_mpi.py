@@ -54,6 +54,10 @@ def test_realhet_smoke(tmp_path):
         assert sum(r["final_sizes"]) == 16 and r["measured_s"] > 0
         assert all(d.startswith("omnihvd: step ") for d in r["decisions"])
         assert [c["phase"] for c in r["changes"]] == [0, 1] and r["changes"][1]["after_epoch"] == 0
+        # per rank, its threads' CPU (main thread first), read at most as late as the total
+        threads = r["rank_thread_cpu_s"]
+        assert len(threads) == 2 and all(t and t[0] > 0 for t in threads), threads
+        assert all(sum(t) <= cpu + 0.05 for t, cpu in zip(threads, r["rank_cpu_s"])), r
     assert runs[0]["decisions"] == []   # plain Horovod: no omnihvd log
     # the callback's own cost per step, from the epoch line (plain has no callback)
     assert {e["overhead_ms"] for e in runs[0]["epochs"]} == {0.0}
