@@ -291,12 +291,20 @@ def main_thread_first(cpu: Dict[int, float], pid: int) -> List[float]:
     return [round(c, 2) for c in [cpu.get(pid, 0.0)] + others]
 
 
-def busy_seconds() -> float:
-    """CPU seconds used on this machine so far, by everyone (from /proc/stat)."""
+def machine_cpu() -> Tuple[float, float]:
+    """``(busy, steal)``: CPU seconds used on this machine so far by everyone, and of
+    those the hypervisor's *steal* (/proc/stat): time a virtual CPU wanted to run and
+    the host ran another guest instead. Steal slows every rank whatever its quota.
+
+    >>> busy, steal = machine_cpu()
+    >>> 0 <= steal <= busy
+    True
+    """
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     idle = fields[3] + fields[4]   # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, fields[7] / tick
 
 
 def children_cpu() -> float:
@@ -324,14 +332,18 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     env["PYTHONPATH"] = os.pathsep.join(p for p in (args.code, env.get("PYTHONPATH")) if p)
     env.update(dict(e.split("=", 1) for e in args.env))
     lines, epoch_seen = [], threading.Condition()
-    started, cpu0, busy0 = time.time(), children_cpu(), busy_seconds()
+    started, cpu0, (busy0, steal0) = time.time(), children_cpu(), machine_cpu()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+    steal_at_epoch_end: List[float] = []   # the machine's steal when each epoch line came
 
     def read():
         for line in proc.stdout:
             with epoch_seen:
                 lines.append(line.rstrip("\n"))
+                if EPOCH_LINE.match(lines[-1]):
+                    steal_at_epoch_end.append(machine_cpu()[1])
                 epoch_seen.notify_all()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -373,9 +385,12 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         if placer is not None:
             throttling = placer.close()
     own_cpu = children_cpu() - cpu0
+    busy, steal = machine_cpu()
     record = {"mode": mode, "split": split, "rc": proc.returncode, "error": error,
               "wall_s": time.time() - started, "cpu_s": own_cpu,
-              "foreign_cpu_s": max(0.0, busy_seconds() - busy0 - own_cpu),
+              # other processes' CPU *and* the hypervisor's steal; steal_s: steal alone
+              "foreign_cpu_s": max(0.0, busy - busy0 - own_cpu),
+              "steal_s": round(steal - steal0, 3),
               "changes": changes, "epochs": [], "mpirun_pid": proc.pid, "pids": pids,
               "groups": [g.path for g in placer.created] if placer is not None else [],
               "cgroup_stats": throttling, "rank_cpu_s": rank_cpu,
@@ -383,9 +398,13 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
                                     for t, pid in zip(rank_threads, pids)]}
     # omnihvd's own log of its size changes (rank 0, INFO): why a run settled where it did.
     record["decisions"] = [line for line in lines if line.startswith("omnihvd: step ")]
+    # steal from the previous epoch line (the start, for the first) to this one
+    marks = [steal0] + steal_at_epoch_end
+    epoch_steal = [round(b - a, 3) for a, b in zip(marks, marks[1:])]
     for m in map(EPOCH_LINE.match, lines):
         if m:
             record["epochs"].append({"epoch": int(m.group(1)), "seconds": float(m.group(2)),
+                                     "steal_s": epoch_steal[len(record["epochs"])],
                                      "accuracy": float(m.group(3)),
                                      "sizes": [int(v) for v in m.group(4).split(",")],
                                      # the callback's own cost per step on rank 0
@@ -450,8 +469,8 @@ def run_scenario(args, name: str, spec: str) -> dict:
             runs.append(rec)
             print("  %-16s repeat %d %-7s %-16s %s" % (
                 name, repeat, mode, ",".join(map(str, split)) if split else "",
-                "%.3f s, sizes %s, foreign cpu %.1f s" % (rec["measured_s"], rec["final_sizes"],
-                                                          rec["foreign_cpu_s"])
+                "%.3f s, sizes %s, foreign cpu %.1f s (steal %.1f s)" % (
+                    rec["measured_s"], rec["final_sizes"], rec["foreign_cpu_s"], rec["steal_s"])
                 if "measured_s" in rec else "FAILED: " + failure(rec)), flush=True)
     return summarize(name, spec, phases, B, runs, args)
 

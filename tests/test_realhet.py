@@ -44,7 +44,8 @@ def test_disturbed_runs_are_run_again(monkeypatch):
 
     def fake_run(args, phases, mode, split, tag):
         calls.append(tag)
-        return {"foreign_cpu_s": next(foreign), "measured_s": 1.0, "final_sizes": [64, 64]}
+        return {"foreign_cpu_s": next(foreign), "steal_s": 0.0, "measured_s": 1.0,
+                "final_sizes": [64, 64]}
 
     monkeypatch.setattr(realhet, "run_once", fake_run)
     monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
@@ -62,8 +63,8 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
 
     def fake_run(args, phases, mode, split, tag):
         order.append((mode, tuple(split) if split else None))
-        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "measured_s": 1.0,
-                "final_sizes": [96, 48, 48]}
+        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "steal_s": 0.0,
+                "measured_s": 1.0, "final_sizes": [96, 48, 48]}
 
     monkeypatch.setattr(realhet, "run_once", fake_run)
     monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)

@@ -58,6 +58,9 @@ def test_realhet_smoke(tmp_path):
         threads = r["rank_thread_cpu_s"]
         assert len(threads) == 2 and all(t and t[0] > 0 for t in threads), threads
         assert all(sum(t) <= cpu + 0.05 for t, cpu in zip(threads, r["rank_cpu_s"])), r
+        # the hypervisor's steal over the run, and between epoch lines (within the run's)
+        steals = [e["steal_s"] for e in r["epochs"]]
+        assert len(steals) == 3 and 0 <= min(steals) and sum(steals) <= r["steal_s"] + 0.02, r
     assert runs[0]["decisions"] == []   # plain Horovod: no omnihvd log
     # the callback's own cost per step, from the epoch line (plain has no callback)
     assert {e["overhead_ms"] for e in runs[0]["epochs"]} == {0.0}
