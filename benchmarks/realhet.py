@@ -382,6 +382,8 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
             cpulimits.kill_session(proc.pid)
         proc.wait()
         reader.join(5)
+        with epoch_seen:   # what the reader has seen, each epoch line with its steal
+            output, steal_marks = list(lines), [steal0] + steal_at_epoch_end
         if placer is not None:
             throttling = placer.close()
     own_cpu = children_cpu() - cpu0
@@ -397,11 +399,10 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
               "rank_thread_cpu_s": [main_thread_first(t, pid)
                                     for t, pid in zip(rank_threads, pids)]}
     # omnihvd's own log of its size changes (rank 0, INFO): why a run settled where it did.
-    record["decisions"] = [line for line in lines if line.startswith("omnihvd: step ")]
+    record["decisions"] = [line for line in output if line.startswith("omnihvd: step ")]
     # steal from the previous epoch line (the start, for the first) to this one
-    marks = [steal0] + steal_at_epoch_end
-    epoch_steal = [round(b - a, 3) for a, b in zip(marks, marks[1:])]
-    for m in map(EPOCH_LINE.match, lines):
+    epoch_steal = [round(b - a, 3) for a, b in zip(steal_marks, steal_marks[1:])]
+    for m in map(EPOCH_LINE.match, output):
         if m:
             record["epochs"].append({"epoch": int(m.group(1)), "seconds": float(m.group(2)),
                                      "steal_s": epoch_steal[len(record["epochs"])],
@@ -412,7 +413,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     if proc.returncode != 0 or error or len(record["epochs"]) != epochs:
         record["error"] = error or "exit %s, %d of %d epoch lines" % (
             proc.returncode, len(record["epochs"]), epochs)
-        record["output_tail"] = "\n".join(lines[-40:])
+        record["output_tail"] = "\n".join(output[-40:])
     else:
         record["measured_s"] = record["epochs"][-1]["seconds"]
         record["final_sizes"] = record["epochs"][-1]["sizes"]
