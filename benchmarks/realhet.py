@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -272,12 +272,40 @@ def thread_cpu(pid: int) -> Optional[Dict[int, float]]:
     >>> os.getpid() in cpu and all(c >= 0 for c in cpu.values())
     True
     """
-    try:
-        tids = [int(t) for t in os.listdir("/proc/%d/task" % pid)]
-    except OSError:
+    tids = thread_ids(pid)
+    if not tids:
         return None
     cpu = {t: process_cpu(pid, t) for t in tids}
     return {t: c for t, c in cpu.items() if c is not None}
+
+
+def renice_threads(pid: int, nice: int, done: Set[int]) -> Set[int]:
+    """Give every thread of process ``pid`` but its main one the nice value ``nice``
+    (what ``renice -n NICE -p TID`` does), skipping the thread ids in ``done``; return
+    the ids reniced now. In a rank these are Horovod's background thread (it polls in
+    the collectives while waiting for its peers) and MPI's own threads; at a lower
+    priority they take CPU only when the training thread does not want it, also under
+    the rank's quota. Threads that exit meanwhile are skipped.
+
+    >>> renice_threads(2 ** 22 + 12345, 19, set())   # no such process: nothing to do
+    set()
+    """
+    reniced = set()
+    for tid in thread_ids(pid) - done - {pid}:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:   # the thread (or the process) is gone
+            continue
+        reniced.add(tid)
+    return reniced
+
+
+def thread_ids(pid: int) -> Set[int]:
+    """The ids of the live threads of process ``pid`` (none once it is gone)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/%d/task" % pid)}
+    except OSError:
+        return set()
 
 
 def main_thread_first(cpu: Dict[int, float], pid: int) -> List[float]:
@@ -349,6 +377,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     placer, changes, error, pids, throttling, rank_cpu = None, [], None, [], {}, []
+    reniced = []
     rank_threads: List[Dict[int, float]] = []
     try:
         pids = find_ranks(proc, n, launcher=args.launcher)
@@ -357,6 +386,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         changes.append({"phase": 0, "t": time.time() - started})
         next_phase, deadline = 1, started + args.run_timeout
         rank_cpu, rank_threads, threads_read = [0.0] * n, [{} for _ in pids], 0.0
+        reniced: List[Set[int]] = [set() for _ in pids]
         while proc.poll() is None and time.time() < deadline:
             # Each rank's CPU time, last seen alive: shows time spent polling in waits.
             rank_cpu = [c if c is not None else old
@@ -365,6 +395,9 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
                 threads_read = time.time()
                 for seen, now in zip(rank_threads, map(thread_cpu, pids)):
                     seen.update(now or {})
+                if args.thread_nice is not None:   # threads started since, too
+                    for done, pid in zip(reniced, pids):
+                        done |= renice_threads(pid, args.thread_nice, done)
             with epoch_seen:
                 epoch_seen.wait(0.05)
                 done = [int(m.group(1)) for m in map(EPOCH_LINE.match, lines) if m]
@@ -397,7 +430,8 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
               "groups": [g.path for g in placer.created] if placer is not None else [],
               "cgroup_stats": throttling, "rank_cpu_s": rank_cpu,
               "rank_thread_cpu_s": [main_thread_first(t, pid)
-                                    for t, pid in zip(rank_threads, pids)]}
+                                    for t, pid in zip(rank_threads, pids)],
+              "reniced_threads": [len(r) for r in reniced]}
     # omnihvd's own log of its size changes (rank 0, INFO): why a run settled where it did.
     record["decisions"] = [line for line in output if line.startswith("omnihvd: step ")]
     # steal from the previous epoch line (the start, for the first) to this one
@@ -538,7 +572,8 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
         "code_tree": args.code, "code_version": code_version(args.code),
         "command": args.command,
         "shares": [[round(v, 4) for v in shares(p, args.available)] for p in phases],
-        "period_us": args.period_us, "env": args.env, "repeats": args.repeats,
+        "period_us": args.period_us, "env": args.env, "thread_nice": args.thread_nice,
+        "repeats": args.repeats,
         "plain_s": plain, "omnihvd_s": omni, "best_fixed_s": best_s,
         "best_fixed_split": list(best) if best is not None else None,
         "fixed": [{"split": list(s), "median_s": m, "times": t} for s, (m, t) in fixed.items()],
@@ -656,6 +691,8 @@ def markdown(doc) -> str:
         if s["period_us"] != 10000:
             extra.append("period %g ms" % (s["period_us"] / 1000))
         extra += s["env"]
+        if s.get("thread_nice") is not None:
+            extra.append("threads but the main one at nice %d" % s["thread_nice"])
         out.append("| %s | `%s`%s | %s x %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s "
                    "| %s |" % (
             s["scenario"], s["spec"].replace("|", "\\|"), (" " + ", ".join(extra)) if extra else "",
@@ -727,6 +764,10 @@ def parse_args(argv=None):
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the ranks (repeatable)")
+    p.add_argument("--thread-nice", type=int, choices=range(20), default=None, metavar="N",
+                   help="give each rank's threads but the main one (Horovod's background "
+                        "thread, MPI's) the nice value N (0-19) as they appear (default: "
+                        "leave them as they start)")
     p.add_argument("--code", default=ROOT,
                    help="omnihvd tree to test (put first on the ranks' PYTHONPATH)")
     p.add_argument("--script", default=SCRIPT)
@@ -775,6 +816,13 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt("signal %d" % signum)   # runs every finally: groups, processes
 
 
+def scenario_key(s: dict) -> tuple:
+    """What makes a result replace an earlier one in OUT.json under ``--merge``: the
+    scenario and every setting of the ranks (files of older harnesses lack
+    ``thread_nice``)."""
+    return s["scenario"], s["period_us"], s["env"], s.get("thread_nice")
+
+
 def write(doc: dict, out: str) -> None:
     """OUT.json (atomically) and OUT.md."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -812,15 +860,15 @@ def main(argv=None):
     for name, spec in args.scenarios:
         print("scenario %s (%s): %d repeats" % (name, spec, args.repeats), flush=True)
         result = run_scenario(args, name, spec)
-        key = (name, result["period_us"], result["env"])
+        key = scenario_key(result)
         if not any("measured_s" in r for r in result["runs"]):
             failed.append(name)
-            if any((s["scenario"], s["period_us"], s["env"]) == key for s in doc["scenarios"]):
+            if any(scenario_key(s) == key for s in doc["scenarios"]):
                 print("  -> every run failed: the earlier %s result in %s.json is kept"
                       % (name, args.out), flush=True)
                 continue
         doc["scenarios"] = [s for s in doc["scenarios"]
-                            if (s["scenario"], s["period_us"], s["env"]) != key] + [result]
+                            if scenario_key(s) != key] + [result]
         doc.update({
             "command": args.command,
             "code_tree": args.code, "code_version": code_version(args.code),

@@ -115,6 +115,36 @@ def test_held_out_best_fixed_split_is_timed_on_repeats_it_was_not_chosen_on(tmp_
     assert realhet.held_out_best({(2, 1): {0: 1.0}}) == []   # one repeat: nothing to hold out
 
 
+def _nice(pid, tid):
+    with open("/proc/%d/task/%d/stat" % (pid, tid)) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_renice_threads_lowers_every_thread_but_the_main_one():
+    import subprocess
+    import sys
+    code = ("import threading, time, sys\n"
+            "ts = [threading.Thread(target=time.sleep, args=(60,), daemon=True) for _ in range(2)]\n"
+            "[t.start() for t in ts]\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        pid = proc.pid
+        others = realhet.thread_ids(pid) - {pid}
+        assert len(others) >= 2 and _nice(pid, pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        done = realhet.renice_threads(pid, 19, set())
+        assert done == others
+        assert [_nice(pid, t) for t in sorted(others)] == [19] * len(others)
+        assert _nice(pid, pid) == os.getpriority(os.PRIO_PROCESS, 0)   # the main thread kept
+        assert realhet.renice_threads(pid, 19, done) == set()          # nothing new
+    finally:
+        proc.kill()
+        proc.wait()
+    assert realhet.renice_threads(pid, 19, set()) == set()             # gone: nothing, no error
+    assert realhet.thread_ids(pid) == set()
+
+
 def test_thread_cpu_puts_the_main_thread_first_and_sees_a_busy_thread():
     import threading
     import time

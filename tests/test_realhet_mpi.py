@@ -58,6 +58,7 @@ def test_realhet_smoke(tmp_path):
         threads = r["rank_thread_cpu_s"]
         assert len(threads) == 2 and all(t and t[0] > 0 for t in threads), threads
         assert all(sum(t) <= cpu + 0.05 for t, cpu in zip(threads, r["rank_cpu_s"])), r
+        assert r["reniced_threads"] == [0, 0], r   # no --thread-nice: threads left alone
         # the hypervisor's steal over the run, and between epoch lines (within the run's)
         steals = [e["steal_s"] for e in r["epochs"]]
         assert len(steals) == 3 and 0 <= min(steals) and sum(steals) <= r["steal_s"] + 0.02, r
@@ -81,7 +82,7 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
     out = tmp_path / "quota"
     cmd = [sys.executable, HARNESS, "--scenarios", "q=quota=0.9,0.4 | quota=0.4,0.9",
            "--repeats", "1", "--steps", "4", "--batch-per-rank", "8", "--modes", "omnihvd",
-           "--out", str(out)]
+           "--thread-nice", "19", "--out", str(out)]
     env = mpi_env()
     env["PYTHONPATH"] = ROOT
     proc = run_bounded(cmd, 400, env)
@@ -89,6 +90,9 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
     (s,) = json.load(open(str(out) + ".json"))["scenarios"]
     (run,) = s["runs"]
     assert run["error"] is None and len(run["groups"]) == 2, run
+    # Horovod's background thread at least, in each rank, and the setting in the table
+    assert s["thread_nice"] == 19 and min(run["reniced_threads"]) >= 1, run
+    assert "threads but the main one at nice 19" in open(str(out) + ".md").read()
     assert _leftovers([run]) == ([], [])
 
 
