@@ -377,7 +377,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     placer, changes, error, pids, throttling, rank_cpu = None, [], None, [], {}, []
-    reniced = []
+    reniced: List[Set[int]] = []   # per rank, the threads given --thread-nice
     rank_threads: List[Dict[int, float]] = []
     try:
         pids = find_ranks(proc, n, launcher=args.launcher)
@@ -386,7 +386,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         changes.append({"phase": 0, "t": time.time() - started})
         next_phase, deadline = 1, started + args.run_timeout
         rank_cpu, rank_threads, threads_read = [0.0] * n, [{} for _ in pids], 0.0
-        reniced: List[Set[int]] = [set() for _ in pids]
+        reniced = [set() for _ in pids]
         while proc.poll() is None and time.time() < deadline:
             # Each rank's CPU time, last seen alive: shows time spent polling in waits.
             rank_cpu = [c if c is not None else old
@@ -396,8 +396,8 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
                 for seen, now in zip(rank_threads, map(thread_cpu, pids)):
                     seen.update(now or {})
                 if args.thread_nice is not None:   # threads started since, too
-                    for done, pid in zip(reniced, pids):
-                        done |= renice_threads(pid, args.thread_nice, done)
+                    for tids, rank_pid in zip(reniced, pids):
+                        tids |= renice_threads(rank_pid, args.thread_nice, tids)
             with epoch_seen:
                 epoch_seen.wait(0.05)
                 done = [int(m.group(1)) for m in map(EPOCH_LINE.match, lines) if m]
