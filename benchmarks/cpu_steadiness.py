@@ -12,9 +12,11 @@ directly, with nothing of the training stack involved::
 
 Each round runs the loop for ``--seconds`` on each CPU alone, then on every CPU at
 once, and records per CPU the median rate over its windows (loop iterations per
-second) and the hypervisor's steal during the round. The report gives each column's
-rates over the rounds and their spread: (max - min) / median. Run it alone on the
-machine, as the benchmarks run.
+second), the hypervisor's steal during the round, and the CPU that other processes
+used meanwhile (the machine's busy time minus the probe's own; steal included): a
+round slowed by another process is not the CPU changing speed. The report gives each
+column's rates over the rounds and their spread: (max - min) / median. Run it alone on
+the machine, as the benchmarks run.
 """
 import argparse
 import json
@@ -24,7 +26,7 @@ import statistics
 import time
 from typing import Dict, List, Sequence
 
-from realhet import machine_cpu   # the one /proc/stat reader (busy, steal)
+from realhet import children_cpu, machine_cpu   # /proc/stat (busy, steal); our workers' CPU
 
 CHUNK = 1000   # loop iterations between clock reads
 
@@ -81,15 +83,18 @@ def probe(cpus: Sequence[int], rounds: int, seconds: float, window: float,
     out = []
     for r in range(rounds):
         row = {"t": time.strftime("%H:%M:%S", time.gmtime()), "alone": {}, "together": {}}
-        steal0 = machine_cpu()[1]
+        (busy0, steal0), own0 = machine_cpu(), children_cpu()
         for c in cpus:
             row["alone"][c] = run_together([c], seconds, window)[c]
         row["together"] = run_together(cpus, seconds, window)
-        row["steal_s"] = round(machine_cpu()[1] - steal0, 2)
+        (busy, steal), own = machine_cpu(), children_cpu()
+        row["steal_s"] = round(steal - steal0, 2)
+        row["foreign_cpu_s"] = round(max(0.0, busy - busy0 - (own - own0)), 2)
         out.append(row)
-        print("%s  alone %s  together %s  steal %.2f s" % (
+        print("%s  alone %s  together %s  steal %.2f s  others %.2f s" % (
             row["t"], " ".join("%.3g" % row["alone"][c] for c in cpus),
-            " ".join("%.3g" % row["together"][c] for c in cpus), row["steal_s"]), flush=True)
+            " ".join("%.3g" % row["together"][c] for c in cpus), row["steal_s"],
+            row["foreign_cpu_s"]), flush=True)
         if r + 1 < rounds:
             time.sleep(pause)
     return out
@@ -104,14 +109,17 @@ def markdown(doc: dict) -> str:
              "Command: `%s`, %s UTC. Rates in million loop iterations per second, each the "
              "median over %g s windows of %g s; one row per round." % (
                  doc["command"], doc["started"], doc["window_s"], doc["seconds"]), "",
-             "| round (UTC) | " + " | ".join(cols) + " | steal s |",
-             "|---|" + "---|" * len(cols) + "---|"]
+             "| round (UTC) | " + " | ".join(cols) + " | steal s | others' CPU s |",
+             "|---|" + "---|" * len(cols) + "---|---|"]
     for i, row in enumerate(doc["rounds"]):
-        lines.append("| %s | %s | %.2f |" % (row["t"], " | ".join("%.2f" % (s[i] / 1e6)
-                                                                  for s in series), row["steal_s"]))
-    lines.append("| **spread** | %s | |" % " | ".join("%.0f%%" % (100 * spread(s)) for s in series))
-    lines += ["", "Spread: (max - min) / median over the rounds. Slowest round against the fastest, "
-              "any column: %.2fx." % (max(max(s) for s in series) / min(min(s) for s in series))]
+        lines.append("| %s | %s | %.2f | %.2f |" % (
+            row["t"], " | ".join("%.2f" % (s[i] / 1e6) for s in series), row["steal_s"],
+            row["foreign_cpu_s"]))
+    lines.append("| **spread** | %s | | |" % " | ".join("%.0f%%" % (100 * spread(s))
+                                                       for s in series))
+    lines += ["", "Spread: (max - min) / median over the rounds. Slowest round against the "
+              "fastest, any column: %.2fx." % (max(max(s) for s in series) /
+                                               min(min(s) for s in series))]
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +140,7 @@ def main(argv=None):
                "--%s %s" % (k, getattr(args, k)) for k in ("rounds", "seconds", "window", "pause")),
            "started": started, "cpus": cpus, "seconds": args.seconds, "window_s": args.window,
            # JSON keys are strings: store them so, and read them so in markdown()
-           "rounds": [{"t": r["t"], "steal_s": r["steal_s"],
+           "rounds": [{"t": r["t"], "steal_s": r["steal_s"], "foreign_cpu_s": r["foreign_cpu_s"],
                        "alone": {str(c): v for c, v in r["alone"].items()},
                        "together": {str(c): v for c, v in r["together"].items()}}
                       for r in rounds]}

@@ -20,7 +20,7 @@ def test_a_short_probe_writes_every_cpu_alone_and_together(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))
     assert doc["cpus"] == cpus and len(doc["rounds"]) == 2
     for row in doc["rounds"]:
-        assert row["steal_s"] >= 0
+        assert row["steal_s"] >= 0 and row["foreign_cpu_s"] >= 0
         for column in ("alone", "together"):
             assert sorted(map(int, row[column])) == cpus
             assert all(rate > 0 for rate in row[column].values())
