@@ -79,21 +79,22 @@ def spread(values: Sequence[float]) -> float:
 
 def probe(cpus: Sequence[int], rounds: int, seconds: float, window: float,
           pause: float) -> List[dict]:
-    """``rounds`` rounds of: the loop alone on each CPU in turn, then on all at once."""
+    """``rounds`` rounds of: the loop alone on each CPU in turn, then on all at once.
+    Rates are keyed by the CPU's number as a string, as JSON keeps them."""
     out = []
     for r in range(rounds):
         row = {"t": time.strftime("%H:%M:%S", time.gmtime()), "alone": {}, "together": {}}
         (busy0, steal0), own0 = machine_cpu(), children_cpu()
         for c in cpus:
-            row["alone"][c] = run_together([c], seconds, window)[c]
-        row["together"] = run_together(cpus, seconds, window)
+            row["alone"][str(c)] = run_together([c], seconds, window)[c]
+        row["together"] = {str(c): v for c, v in run_together(cpus, seconds, window).items()}
         (busy, steal), own = machine_cpu(), children_cpu()
         row["steal_s"] = round(steal - steal0, 2)
         row["foreign_cpu_s"] = round(max(0.0, busy - busy0 - (own - own0)), 2)
         out.append(row)
         print("%s  alone %s  together %s  steal %.2f s  others %.2f s" % (
-            row["t"], " ".join("%.3g" % row["alone"][c] for c in cpus),
-            " ".join("%.3g" % row["together"][c] for c in cpus), row["steal_s"],
+            row["t"], " ".join("%.3g" % row["alone"][str(c)] for c in cpus),
+            " ".join("%.3g" % row["together"][str(c)] for c in cpus), row["steal_s"],
             row["foreign_cpu_s"]), flush=True)
         if r + 1 < rounds:
             time.sleep(pause)
@@ -139,11 +140,7 @@ def main(argv=None):
     doc = {"command": "python benchmarks/cpu_steadiness.py " + " ".join(
                "--%s %s" % (k, getattr(args, k)) for k in ("rounds", "seconds", "window", "pause")),
            "started": started, "cpus": cpus, "seconds": args.seconds, "window_s": args.window,
-           # JSON keys are strings: store them so, and read them so in markdown()
-           "rounds": [{"t": r["t"], "steal_s": r["steal_s"], "foreign_cpu_s": r["foreign_cpu_s"],
-                       "alone": {str(c): v for c, v in r["alone"].items()},
-                       "together": {str(c): v for c, v in r["together"].items()}}
-                      for r in rounds]}
+           "rounds": rounds}
     text = markdown(doc)
     print(text)
     if args.out:
