@@ -12,7 +12,8 @@ For each scenario, interleaved over ``--repeats`` repeats (the order rotated by 
 place per repeat, see ``run_order``), it runs the script in
 three modes: plain Horovod (equal split), omnihvd (default options) and fixed splits
 (omnihvd's sampler and weighting, balancing off) derived from the known CPU shares
--- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True`` --
+-- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True``; with
+``seeded``, omnihvd started from each fixed split instead of the equal one --
 and reports per mode the median time of the measured (last) epoch, the best fixed
 split, the ratios and omnihvd's spread over repeats::
 
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import resource
 import shlex
@@ -350,12 +352,15 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     else:
         launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none",
                   args.python]
-    cmd = launch + [args.script, "--mode", mode, "--epochs", str(epochs),
+    # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one
+    script_mode, split_flag = (("omnihvd", "--start-split") if mode == "seeded"
+                               else (mode, "--split"))
+    cmd = launch + [args.script, "--mode", script_mode, "--epochs", str(epochs),
            "--global-batch-size", str(args.batch_per_rank * n)]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     if split is not None:
-        cmd += ["--split", ",".join(map(str, split))]
+        cmd += [split_flag, ",".join(map(str, split))]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (args.code, env.get("PYTHONPATH")) if p)
     env.update(dict(e.split("=", 1) for e in args.env))
@@ -485,8 +490,7 @@ def run_scenario(args, name: str, spec: str) -> dict:
     B = args.batch_per_rank * n
     modes = [(m, None) for m in ("plain", "omnihvd", "tuned") if m in args.modes]
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
-    if "fixed" in args.modes:
-        modes += [("fixed", s) for s in candidates]
+    modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
     runs = []
     for repeat in range(args.repeats):
         for position, k in enumerate(run_order(len(modes), repeat)):
@@ -588,8 +592,29 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
         "failed_runs": sum("measured_s" not in r for r in runs),
         "foreign_cpu_s_max": max((r["foreign_cpu_s"] for r in runs), default=None),
         "position_effect": position_effect(runs),
+        "seeded": seeded_summary(runs, fixed),
         "runs": runs,
     })
+
+
+def seeded_summary(runs: List[dict], fixed: dict) -> List[dict]:
+    """Mode ``seeded`` (omnihvd started from a fixed split) beside that fixed split: its
+    median, times and throughput ratio to it with a 95% interval over launches.
+
+    >>> runs = [{"mode": m, "split": [3, 1], "measured_s": t}
+    ...         for m, times in (("seeded", [2.0, 2.2, 2.1]), ("fixed", [2.1, 2.1, 2.1]))
+    ...         for t in times]
+    >>> seeded_summary(runs, {(3, 1): (2.1, [2.1, 2.1, 2.1])})[0]["vs_fixed"]
+    1.0
+    """
+    out = []
+    for split in dict.fromkeys(tuple(r["split"]) for r in runs if r["mode"] == "seeded"):
+        median, times = _median(runs, "seeded", list(split))
+        fixed_s, fixed_times = fixed.get(split, (None, []))
+        out.append({"split": list(split), "median_s": median, "times": times,
+                    "vs_fixed": fixed_s / median if fixed_s and median else None,
+                    "vs_fixed_ci": ratio_interval(fixed_times, times)})
+    return out
 
 
 def position_effect(runs: List[dict]) -> Optional[List[float]]:
@@ -613,6 +638,33 @@ def position_effect(runs: List[dict]) -> Optional[List[float]]:
     return [round(statistics.median(by_position[p]), 3) for p in sorted(by_position)]
 
 
+def ratio_interval(slower: Sequence[float], faster: Sequence[float], level: float = 0.95,
+                   draws: int = 4000, seed: int = 0) -> Optional[List[float]]:
+    """How far the ratio of two modes' median times could move with other launches: a
+    percentile bootstrap interval of ``median(slower) / median(faster)``, each mode's
+    times resampled on their own (launches are independent; on this VM a launch's speed
+    is set when it starts, see docs/cpu-quotas.rst). Seeded, so a file rewrites the same.
+
+    With times that change by 30% from one launch to the next, three repeats a mode
+    leave the ratio anywhere in a wide band; this says how wide. None with fewer than 3
+    times on either side (too few to resample).
+
+    >>> ratio_interval([2.0, 2.1, 2.2, 1.9, 2.0], [1.0, 1.05, 0.95, 1.0, 1.1])
+    [1.818, 2.2]
+    >>> ratio_interval([2.0, 2.1], [1.0, 1.0, 1.0]) is None
+    True
+    """
+    if min(len(slower), len(faster)) < 3:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(slower, k=len(slower)))
+                    / statistics.median(rng.choices(faster, k=len(faster)))
+                    for _ in range(draws))
+    tail = (1 - level) / 2
+    return [round(ratios[int(tail * (draws - 1))], 3),
+            round(ratios[int(round((1 - tail) * (draws - 1)))], 3)]
+
+
 def with_held_out(result: dict) -> dict:
     """``result`` (one scenario's summary) with the held-out best fixed split added."""
     times = {}
@@ -622,8 +674,12 @@ def with_held_out(result: dict) -> dict:
     held_out = held_out_best(times)
     held_s = statistics.median(held_out) if held_out else None
     omni = result["omnihvd_s"]
+    omni_times, plain_times = result.get("omnihvd_times", []), result.get("plain_times", [])
     result.update({"best_fixed_held_out_s": held_s, "best_fixed_held_out_times": held_out,
-                   "omnihvd_vs_best_fixed_held_out": held_s / omni if held_s and omni else None})
+                   "omnihvd_vs_best_fixed_held_out": held_s / omni if held_s and omni else None,
+                   # 95% intervals of the two throughput ratios above over launches
+                   "omnihvd_vs_best_fixed_held_out_ci": ratio_interval(held_out, omni_times),
+                   "omnihvd_vs_plain_ci": ratio_interval(plain_times, omni_times)})
     return with_tuned(result)
 
 
@@ -666,6 +722,10 @@ def _fmt(v, f="%.3f"):
     return "-" if v is None else f % v
 
 
+def _interval(ci, f) -> str:
+    return "" if ci is None else " (%s-%s)" % (f % ci[0], f % ci[1])
+
+
 def markdown(doc) -> str:
     commands = []
     for s in doc["scenarios"]:
@@ -681,7 +741,8 @@ def markdown(doc) -> str:
            "(seconds); ratios are throughput ratios (higher is better for the first named). "
            "Best fixed: the split with the lowest median (biased low: the least of several "
            "noisy medians); held out: per repeat, the split best on the other repeats, timed "
-           "on this one (what a user who picked it would get).", "",
+           "on this one (what a user who picked it would get). In brackets: a 95% bootstrap "
+           "interval of the ratio over launches (`ratio_interval`; 3 repeats or more).", "",
            "| scenario | spec | steps x epochs | plain s | omnihvd s | best fixed s (split) "
            "| omnihvd / best fixed | held-out best fixed s | omnihvd / held-out best fixed "
            "| omnihvd / plain | fixed / plain | omnihvd spread | omnihvd final sizes |",
@@ -700,8 +761,9 @@ def markdown(doc) -> str:
             _fmt(s["plain_s"]), _fmt(s["omnihvd_s"]), _fmt(s["best_fixed_s"]),
             ",".join(map(str, s["best_fixed_split"] or [])) or "-",
             _fmt(s["omnihvd_vs_best_fixed"], "%.2f"), _fmt(s.get("best_fixed_held_out_s")),
-            _fmt(s.get("omnihvd_vs_best_fixed_held_out"), "%.2f"),
-            _fmt(s["omnihvd_vs_plain"], "%.2fx"),
+            _fmt(s.get("omnihvd_vs_best_fixed_held_out"), "%.2f")
+            + _interval(s.get("omnihvd_vs_best_fixed_held_out_ci"), "%.2f"),
+            _fmt(s["omnihvd_vs_plain"], "%.2fx") + _interval(s.get("omnihvd_vs_plain_ci"), "%.2fx"),
             _fmt(s["fixed_vs_plain"], "%.2fx"), _fmt(s["omnihvd_spread"] and
                                                      100 * s["omnihvd_spread"], "%.1f%%"),
             " ".join("/".join(map(str, v)) for v in s["omnihvd_final_sizes"])))
@@ -719,6 +781,14 @@ def markdown(doc) -> str:
                 _fmt(s["tuned_vs_best_fixed_held_out"], "%.2f"),
                 _fmt(s["tuned_vs_plain"], "%.2fx"),
                 " ".join("/".join(map(str, v)) for v in s["tuned_final_sizes"])))
+    seeded = [(s["scenario"], v) for s in doc["scenarios"] for v in s.get("seeded", [])]
+    if seeded:
+        out += ["", "omnihvd started from a fixed split (mode `seeded`), median s and "
+                "throughput over that fixed split's (95% interval): " + "; ".join(
+                    "%s from %s: %s, %s%s" % (name, ",".join(map(str, v["split"])),
+                                             _fmt(v["median_s"]), _fmt(v["vs_fixed"], "%.2f"),
+                                             _interval(v["vs_fixed_ci"], "%.2f"))
+                    for name, v in seeded)]
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
@@ -792,7 +862,7 @@ def parse_args(argv=None):
                         "rewrite OUT.md")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
-    bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed"}
+    bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed", "seeded"}
     if bad:
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
@@ -879,11 +949,12 @@ def main(argv=None):
                         "load_average": os.getloadavg()}})
         write(doc, args.out)
         print("  -> plain %s, omnihvd %s, best fixed %s %s; omnihvd/best fixed %s (held out "
-              "%s), omnihvd/plain %s, spread %s" % (
+              "%s%s), omnihvd/plain %s, spread %s" % (
                   _fmt(result["plain_s"]), _fmt(result["omnihvd_s"]),
                   _fmt(result["best_fixed_s"]), result["best_fixed_split"],
                   _fmt(result["omnihvd_vs_best_fixed"], "%.3f"),
                   _fmt(result["omnihvd_vs_best_fixed_held_out"], "%.3f"),
+                  _interval(result["omnihvd_vs_best_fixed_held_out_ci"], "%.3f"),
                   _fmt(result["omnihvd_vs_plain"], "%.3f"),
                   _fmt(result["omnihvd_spread"], "%.3f")), flush=True)
     print("results: %s.json, %s.md" % (args.out, args.out))

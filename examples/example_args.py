@@ -19,7 +19,10 @@ def callback_options(args) -> dict:
     """The callback's keyword options for ``--mode`` (any mode but plain)."""
     if args.mode == "fixed":   # the given sizes, never adjusted: no adjustment step is reached
         return dict(initial_batch_sizes=args.split, adjust_every=2 ** 62)
-    return dict(tune_split=True) if args.mode == "tuned" else {}
+    options = dict(tune_split=True) if args.mode == "tuned" else {}
+    if args.start_split is not None:
+        options["initial_batch_sizes"] = args.start_split
+    return options
 
 
 def parse_args(description):
@@ -33,6 +36,8 @@ def parse_args(description):
                    help="epochs of this many steps (the first steps*global-batch-size images)")
     p.add_argument("--mode", choices=MODES, default="omnihvd")
     p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
+    p.add_argument("--start-split", default=None,
+                   help="--mode omnihvd or tuned: start from these sizes, not the equal split")
     p.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,1,2,4")
     p.add_argument("--checkpoint", default=None)
     args = p.parse_args()
@@ -40,11 +45,15 @@ def parse_args(description):
         args.limit = args.steps * args.global_batch_size
     if (args.mode == "fixed") != (args.split is not None):
         p.error("--split goes with --mode fixed, and --mode fixed needs --split")
+    if args.start_split is not None and args.mode not in ("omnihvd", "tuned"):
+        p.error("--start-split goes with --mode omnihvd or tuned (--mode fixed takes --split)")
     if args.checkpoint and args.mode == "plain":
         p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
                 "mid-training")
     if args.split is not None:
         args.split = [int(s) for s in args.split.split(",")]
+    if args.start_split is not None:
+        args.start_split = [int(s) for s in args.start_split.split(",")]
     return args
 
 

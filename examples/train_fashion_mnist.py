@@ -14,6 +14,9 @@ marked "# omnihvd". Run it like any Horovod job:
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
+--start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
+equal split (the callback's initial_batch_sizes).
+
 --slowdown makes rank i's local work per step that many times slower (it sleeps
 after backward, before opt.step()), to watch omnihvd rebalance on one machine.
 OMNIHVD_EXAMPLE_ANATOMY=FOLDER in the environment records where each step's time

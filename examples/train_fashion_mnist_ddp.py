@@ -15,6 +15,9 @@ Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
+--start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
+equal split (the callback's initial_batch_sizes).
+
 --slowdown makes rank i's local work per step about that many times slower: it
 sleeps after the forward pass, before backward (DDP waits for the other ranks inside
 backward, so a sleep after it would not count as this rank's work), for

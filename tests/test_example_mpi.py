@@ -59,10 +59,21 @@ def test_example_records_the_step_anatomy(tmp_path):
     assert [r["samples"] for r in run["ranks"]] == [24, 12, 12]
 
 
-def test_example_rejects_split_without_fixed_mode():
-    import subprocess
-    import sys
+def test_example_starts_omnihvd_from_a_given_split():
+    # 10 steps end before the first adjustment (step 20): the sizes are the start split
+    proc = mpirun(3, EXAMPLE, "--epochs", "1", "--global-batch-size", "48", "--steps", "10",
+                  "--start-split", "24,12,12", timeout=300)
+    assert [m for m in LINE.findall(proc.stdout)] == ["24, 12, 12"], proc.stdout[-3000:]
 
-    proc = subprocess.run([sys.executable, EXAMPLE, "--split", "1,2"], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "--split goes with --mode fixed" in proc.stderr
+
+@pytest.mark.parametrize("argv, error", [
+    (["--split", "1,2"], "--split goes with --mode fixed"),
+    (["--mode", "fixed", "--split", "1,2", "--start-split", "1,2"],
+     "--start-split goes with --mode omnihvd or tuned"),
+])
+def test_example_rejects_a_split_for_the_wrong_mode(argv, error):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, EXAMPLE, *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and error in proc.stderr

@@ -2,6 +2,7 @@
 The harness end to end on real ranks is test_realhet_mpi.py."""
 import json
 import os
+import random
 import sys
 
 import pytest
@@ -113,6 +114,52 @@ def test_held_out_best_fixed_split_is_timed_on_repeats_it_was_not_chosen_on(tmp_
     with open(out + ".md") as f:
         assert "| 2.150 | 1.08 |" in f.read()
     assert realhet.held_out_best({(2, 1): {0: 1.0}}) == []   # one repeat: nothing to hold out
+    assert s["omnihvd_vs_best_fixed_held_out_ci"] is None    # no omnihvd times to resample
+
+
+def test_ratio_interval_holds_the_ratio_and_narrows_with_more_launches():
+    rng = random.Random(1)
+    # Launch times that change by up to 30% at random, the fixed split 10% slower.
+    def launches(n, scale):
+        return [scale * rng.uniform(1.0, 1.3) for _ in range(n)]
+    few = realhet.ratio_interval(launches(3, 1.1), launches(3, 1.0))
+    many = realhet.ratio_interval(launches(40, 1.1), launches(40, 1.0))
+    assert few[0] <= many[0] <= 1.1 <= many[1] <= few[1]
+    assert many[1] - many[0] < 0.5 * (few[1] - few[0])
+    # Seeded: the same times give the same interval; a single launch per side gives none.
+    assert realhet.ratio_interval([3.0, 2.0, 4.0], [1.0, 2.0, 1.5]) == \
+        realhet.ratio_interval([3.0, 2.0, 4.0], [1.0, 2.0, 1.5])
+    assert realhet.ratio_interval([3.0], [1.0, 2.0, 1.5]) is None
+    # Identical launches: no doubt left.
+    assert realhet.ratio_interval([2.0] * 3, [1.0] * 4) == [2.0, 2.0]
+
+
+def test_table_brackets_the_interval_of_each_ratio(tmp_path):
+    runs = [{"mode": m, "split": split, "repeat": r, "measured_s": t}
+            for r in range(3)
+            for m, split, t in (("plain", None, 3.0 + 0.1 * r), ("omnihvd", None, 2.0 + 0.1 * r),
+                                ("fixed", [3, 1], 2.2 + 0.1 * r))]
+    doc = {"scenarios": [{"scenario": "s", "spec": "pin=0,1", "period_us": 10000, "env": [],
+                          "plain_s": 3.1, "omnihvd_s": 2.1, "best_fixed_s": 2.3,
+                          "best_fixed_split": [3, 1], "omnihvd_vs_best_fixed": 2.3 / 2.1,
+                          "omnihvd_vs_plain": 3.1 / 2.1, "fixed_vs_plain": 3.1 / 2.3,
+                          "omnihvd_times": [2.0, 2.1, 2.2], "plain_times": [3.0, 3.1, 3.2],
+                          "omnihvd_spread": 0.1, "omnihvd_final_sizes": [], "fixed": [],
+                          "runs": runs}],
+           "command": "x", "code_tree": "t", "code_version": "v", "finished": "now",
+           "machine": {"platform": "p", "cpus": 2}}
+    out = str(tmp_path / "r")
+    with open(out + ".json", "w") as f:
+        json.dump(doc, f)
+    assert realhet.main(["--resummarize", "--out", out]) == 0
+    with open(out + ".json") as f:
+        s = json.load(f)["scenarios"][0]
+    low, high = s["omnihvd_vs_best_fixed_held_out_ci"]
+    assert low <= s["omnihvd_vs_best_fixed_held_out"] <= high
+    assert (low, high) == (round(2.2 / 2.2, 3), round(2.4 / 2.0, 3))
+    with open(out + ".md") as f:
+        table = f.read()
+    assert "| 1.10 (%.2f-%.2f) | 1.48x (" % (low, high) in table
 
 
 def _nice(pid, tid):

@@ -81,19 +81,26 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
         pytest.skip("cgroups need root")
     out = tmp_path / "quota"
     cmd = [sys.executable, HARNESS, "--scenarios", "q=quota=0.9,0.4 | quota=0.4,0.9",
-           "--repeats", "1", "--steps", "4", "--batch-per-rank", "8", "--modes", "omnihvd",
-           "--thread-nice", "19", "--out", str(out)]
+           "--repeats", "1", "--steps", "4", "--batch-per-rank", "8", "--modes", "omnihvd,seeded",
+           "--lambdas", "1", "--thread-nice", "19", "--out", str(out)]
     env = mpi_env()
     env["PYTHONPATH"] = ROOT
     proc = run_bounded(cmd, 400, env)
     assert proc.returncode == 0, proc.stdout[-4000:]
     (s,) = json.load(open(str(out) + ".json"))["scenarios"]
-    (run,) = s["runs"]
-    assert run["error"] is None and len(run["groups"]) == 2, run
+    run, *seeded = s["runs"]
+    assert run["mode"] == "omnihvd" and run["error"] is None and len(run["groups"]) == 2, run
     # Horovod's background thread at least, in each rank, and the setting in the table
     assert s["thread_nice"] == 19 and min(run["reniced_threads"]) >= 1, run
-    assert "threads but the main one at nice 19" in open(str(out) + ".md").read()
-    assert _leftovers([run]) == ([], [])
+    table = open(str(out) + ".md").read()
+    assert "threads but the main one at nice 19" in table
+    # seeded: omnihvd started from each candidate (the last phase's proportional split,
+    # then the first's); 12 steps end before its first adjustment, so the sizes stay
+    assert [(r["mode"], r["split"]) for r in seeded] == [("seeded", [5, 11]), ("seeded", [11, 5])]
+    assert all(r["error"] is None and r["final_sizes"] == r["split"] for r in seeded), seeded
+    assert [v["split"] for v in s["seeded"]] == [[5, 11], [11, 5]]
+    assert "mode `seeded`" in table
+    assert _leftovers(s["runs"]) == ([], [])
 
 
 def test_realhet_reports_a_failed_run_and_cleans_up(tmp_path):
