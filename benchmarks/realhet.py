@@ -302,6 +302,23 @@ def renice_threads(pid: int, nice: int, done: Set[int]) -> Set[int]:
     return reniced
 
 
+ADDR_NO_RANDOMIZE = 0x0040000   # personality(2) flag that setarch -R sets
+
+
+def randomisation_off(pid: int) -> Optional[bool]:
+    """Whether process ``pid`` runs with address-space randomisation off (its
+    personality has ADDR_NO_RANDOMIZE, as under ``setarch -R``); None once it is gone.
+
+    >>> randomisation_off(os.getpid()) in (True, False)
+    True
+    """
+    try:
+        with open("/proc/%d/personality" % pid) as f:
+            return bool(int(f.read(), 16) & ADDR_NO_RANDOMIZE)
+    except (OSError, ValueError):
+        return None
+
+
 def thread_ids(pid: int) -> Set[int]:
     """The ids of the live threads of process ``pid`` (none once it is gone)."""
     try:
@@ -350,8 +367,9 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         launch = [args.torchrun, "--standalone", "--nproc-per-node", str(n),
                   "--monitor-interval", "1"]
     else:
-        launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none",
-                  args.python]
+        launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none"]
+        # setarch -R turns address-space randomisation off, then execs (same pid)
+        launch += (["setarch", platform.machine(), "-R"] if args.no_aslr else []) + [args.python]
     # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one
     script_mode, split_flag = (("omnihvd", "--start-split") if mode == "seeded"
                                else (mode, "--split"))
@@ -382,6 +400,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     placer, changes, error, pids, throttling, rank_cpu = None, [], None, [], {}, []
+    aslr_off: List[Optional[bool]] = []
     reniced: List[Set[int]] = []   # per rank, the threads given --thread-nice
     rank_threads: List[Dict[int, float]] = []
     try:
@@ -392,12 +411,15 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         next_phase, deadline = 1, started + args.run_timeout
         rank_cpu, rank_threads, threads_read = [0.0] * n, [{} for _ in pids], 0.0
         reniced = [set() for _ in pids]
+        aslr_off: List[Optional[bool]] = [None] * n
         while proc.poll() is None and time.time() < deadline:
             # Each rank's CPU time, last seen alive: shows time spent polling in waits.
             rank_cpu = [c if c is not None else old
                         for c, old in zip(map(process_cpu, pids), rank_cpu)]
             if time.time() - threads_read >= 0.25:   # each thread as last seen alive
                 threads_read = time.time()
+                aslr_off = [a if a is not None else old
+                            for a, old in zip(map(randomisation_off, pids), aslr_off)]
                 for seen, now in zip(rank_threads, map(thread_cpu, pids)):
                     seen.update(now or {})
                 if args.thread_nice is not None:   # threads started since, too
@@ -436,7 +458,9 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
               "cgroup_stats": throttling, "rank_cpu_s": rank_cpu,
               "rank_thread_cpu_s": [main_thread_first(t, pid)
                                     for t, pid in zip(rank_threads, pids)],
-              "reniced_threads": [len(r) for r in reniced]}
+              "reniced_threads": [len(r) for r in reniced],
+              # per rank, whether it ran with address-space randomisation off (--no-aslr)
+              "aslr_off": aslr_off}
     # omnihvd's own log of its size changes (rank 0, INFO): why a run settled where it did.
     record["decisions"] = [line for line in output if line.startswith("omnihvd: step ")]
     # steal from the previous epoch line (the start, for the first) to this one
@@ -577,6 +601,7 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
         "command": args.command,
         "shares": [[round(v, 4) for v in shares(p, args.available)] for p in phases],
         "period_us": args.period_us, "env": args.env, "thread_nice": args.thread_nice,
+        "no_aslr": args.no_aslr,
         "repeats": args.repeats,
         "plain_s": plain, "omnihvd_s": omni, "best_fixed_s": best_s,
         "best_fixed_split": list(best) if best is not None else None,
@@ -754,6 +779,8 @@ def markdown(doc) -> str:
         extra += s["env"]
         if s.get("thread_nice") is not None:
             extra.append("threads but the main one at nice %d" % s["thread_nice"])
+        if s.get("no_aslr"):
+            extra.append("address-space randomisation off")
         out.append("| %s | `%s`%s | %s x %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s "
                    "| %s |" % (
             s["scenario"], s["spec"].replace("|", "\\|"), (" " + ", ".join(extra)) if extra else "",
@@ -838,6 +865,9 @@ def parse_args(argv=None):
                    help="give each rank's threads but the main one (Horovod's background "
                         "thread, MPI's) the nice value N (0-19) as they appear (default: "
                         "leave them as they start)")
+    p.add_argument("--no-aslr", action="store_true",
+                   help="start each rank with address-space randomisation off (setarch -R): "
+                        "every launch then lays out its memory alike (mpirun only)")
     p.add_argument("--code", default=ROOT,
                    help="omnihvd tree to test (put first on the ranks' PYTHONPATH)")
     p.add_argument("--script", default=SCRIPT)
@@ -879,6 +909,8 @@ def parse_args(argv=None):
     for e in args.env:
         if "=" not in e:
             p.error("--env needs KEY=VALUE, got %r" % e)
+    if args.no_aslr and args.launcher != "mpirun":
+        p.error("--no-aslr starts the ranks through setarch under mpirun only")
     return args
 
 
@@ -889,8 +921,9 @@ def _terminate(signum, frame):
 def scenario_key(s: dict) -> tuple:
     """What makes a result replace an earlier one in OUT.json under ``--merge``: the
     scenario and every setting of the ranks (files of older harnesses lack
-    ``thread_nice``)."""
-    return s["scenario"], s["period_us"], s["env"], s.get("thread_nice")
+    ``thread_nice`` and ``no_aslr``)."""
+    return (s["scenario"], s["period_us"], s["env"], s.get("thread_nice"),
+            bool(s.get("no_aslr")))
 
 
 def write(doc: dict, out: str) -> None:

@@ -221,3 +221,19 @@ def test_thread_cpu_puts_the_main_thread_first_and_sees_a_busy_thread():
     assert report[0] == round(cpu[os.getpid()], 2) and round(own, 2) in report[1:]
     assert report[1:] == sorted(report[1:], reverse=True)
     assert realhet.thread_cpu(2 ** 22 + 12345) is None    # no such process
+
+
+def test_randomisation_off_reads_the_personality_setarch_gives():
+    import subprocess
+    import platform
+
+    code = "import sys; sys.path.insert(0, %r); import realhet, os; " \
+           "print(realhet.randomisation_off(os.getpid()))" % os.path.join(ROOT, "benchmarks")
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60)
+    off = subprocess.run(["setarch", platform.machine(), "-R", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60)
+    assert (plain.stdout.strip(), off.stdout.strip()) == ("False", "True"), (plain, off)
+    assert realhet.randomisation_off(2 ** 22 + 12345) is None    # no such process
+    with pytest.raises(SystemExit):   # torchrun starts the ranks itself: no setarch
+        realhet.parse_args(["--no-aslr", "--launcher", "torchrun"])

@@ -59,6 +59,7 @@ def test_realhet_smoke(tmp_path):
         assert len(threads) == 2 and all(t and t[0] > 0 for t in threads), threads
         assert all(sum(t) <= cpu + 0.05 for t, cpu in zip(threads, r["rank_cpu_s"])), r
         assert r["reniced_threads"] == [0, 0], r   # no --thread-nice: threads left alone
+        assert r["aslr_off"] == [False, False], r  # no --no-aslr: randomisation as usual
         # the hypervisor's steal over the run, and between epoch lines (within the run's)
         steals = [e["steal_s"] for e in r["epochs"]]
         assert len(steals) == 3 and 0 <= min(steals) and sum(steals) <= r["steal_s"] + 0.02, r
@@ -82,7 +83,7 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
     out = tmp_path / "quota"
     cmd = [sys.executable, HARNESS, "--scenarios", "q=quota=0.9,0.4 | quota=0.4,0.9",
            "--repeats", "1", "--steps", "4", "--batch-per-rank", "8", "--modes", "omnihvd,seeded",
-           "--lambdas", "1", "--thread-nice", "19", "--out", str(out)]
+           "--lambdas", "1", "--thread-nice", "19", "--no-aslr", "--out", str(out)]
     env = mpi_env()
     env["PYTHONPATH"] = ROOT
     proc = run_bounded(cmd, 400, env)
@@ -94,6 +95,9 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
     assert s["thread_nice"] == 19 and min(run["reniced_threads"]) >= 1, run
     table = open(str(out) + ".md").read()
     assert "threads but the main one at nice 19" in table
+    # --no-aslr: every rank of every run ran without address-space randomisation
+    assert s["no_aslr"] and all(r["aslr_off"] == [True, True] for r in s["runs"]), s["runs"]
+    assert "address-space randomisation off" in table
     # seeded: omnihvd started from each candidate (the last phase's proportional split,
     # then the first's); 12 steps end before its first adjustment, so the sizes stay
     assert [(r["mode"], r["split"]) for r in seeded] == [("seeded", [5, 11]), ("seeded", [11, 5])]
