@@ -50,10 +50,8 @@ def parse_args(description):
     if args.checkpoint and args.mode == "plain":
         p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
                 "mid-training")
-    if args.split is not None:
-        args.split = [int(s) for s in args.split.split(",")]
-    if args.start_split is not None:
-        args.start_split = [int(s) for s in args.start_split.split(",")]
+    args.split, args.start_split = (None if text is None else [int(v) for v in text.split(",")]
+                                    for text in (args.split, args.start_split))
     return args
 
 
