@@ -88,31 +88,35 @@ def test_the_harness_docstring_examples():
     assert result.attempted >= 3 and result.failed == 0, result
 
 
+def _resummarized(tmp_path, runs, **figures):
+    """One scenario of an older harness's OUT.json (its ``runs`` and summary
+    ``figures``), put through ``--resummarize``: the scenario and the table it rewrites."""
+    scenario = {"scenario": "s", "spec": "pin=0,1", "period_us": 10000, "env": [],
+                "best_fixed_split": [3, 1], "omnihvd_final_sizes": [], "fixed": [],
+                "runs": runs, **figures}
+    doc = {"scenarios": [scenario], "command": "x", "code_tree": "t", "code_version": "v",
+           "finished": "now", "machine": {"platform": "p", "cpus": 2}}
+    out = str(tmp_path / "r")
+    with open(out + ".json", "w") as f:
+        json.dump(doc, f)
+    assert realhet.main(["--resummarize", "--out", out]) == 0
+    with open(out + ".json") as f, open(out + ".md") as table:
+        return json.load(f)["scenarios"][0], table.read()
+
+
 def test_held_out_best_fixed_split_is_timed_on_repeats_it_was_not_chosen_on(tmp_path):
     # [2, 1] wins repeat 0 by luck; chosen on the other repeats, [3, 1] is what a user gets.
     runs = [{"mode": "fixed", "split": split, "repeat": r, "measured_s": t}
             for split, times in (([2, 1], [1.0, 3.0, 3.1, 3.2]), ([3, 1], [2.0, 2.1, 2.2, 2.3]))
             for r, t in enumerate(times)]
     runs.append({"mode": "fixed", "split": [4, 1], "repeat": 0, "error": "exit 1"})
-    doc = {"scenarios": [{"scenario": "s", "spec": "pin=0,1", "period_us": 10000, "env": [],
-                          "plain_s": 3.0, "omnihvd_s": 2.0, "best_fixed_s": 2.1,
-                          "best_fixed_split": [3, 1], "omnihvd_vs_best_fixed": 1.05,
-                          "omnihvd_vs_plain": 1.5, "fixed_vs_plain": 1.43,
-                          "omnihvd_spread": None, "omnihvd_final_sizes": [], "fixed": [],
-                          "runs": runs}],
-           "command": "x", "code_tree": "t", "code_version": "v", "finished": "now",
-           "machine": {"platform": "p", "cpus": 2}}
-    out = str(tmp_path / "r")
-    with open(out + ".json", "w") as f:
-        json.dump(doc, f)
-    assert realhet.main(["--resummarize", "--out", out]) == 0
-    with open(out + ".json") as f:
-        s = json.load(f)["scenarios"][0]
+    s, table = _resummarized(tmp_path, runs, plain_s=3.0, omnihvd_s=2.0, best_fixed_s=2.1,
+                             omnihvd_vs_best_fixed=1.05, omnihvd_vs_plain=1.5,
+                             fixed_vs_plain=1.43, omnihvd_spread=None)
     assert s["best_fixed_held_out_times"] == [2.0, 2.1, 2.2, 2.3]
     assert s["best_fixed_held_out_s"] == pytest.approx(2.15)
     assert s["omnihvd_vs_best_fixed_held_out"] == pytest.approx(1.075)
-    with open(out + ".md") as f:
-        assert "| 2.150 | 1.08 |" in f.read()
+    assert "| 2.150 | 1.08 |" in table
     assert realhet.held_out_best({(2, 1): {0: 1.0}}) == []   # one repeat: nothing to hold out
     assert s["omnihvd_vs_best_fixed_held_out_ci"] is None    # no omnihvd times to resample
 
@@ -139,26 +143,13 @@ def test_table_brackets_the_interval_of_each_ratio(tmp_path):
             for r in range(3)
             for m, split, t in (("plain", None, 3.0 + 0.1 * r), ("omnihvd", None, 2.0 + 0.1 * r),
                                 ("fixed", [3, 1], 2.2 + 0.1 * r))]
-    doc = {"scenarios": [{"scenario": "s", "spec": "pin=0,1", "period_us": 10000, "env": [],
-                          "plain_s": 3.1, "omnihvd_s": 2.1, "best_fixed_s": 2.3,
-                          "best_fixed_split": [3, 1], "omnihvd_vs_best_fixed": 2.3 / 2.1,
-                          "omnihvd_vs_plain": 3.1 / 2.1, "fixed_vs_plain": 3.1 / 2.3,
-                          "omnihvd_times": [2.0, 2.1, 2.2], "plain_times": [3.0, 3.1, 3.2],
-                          "omnihvd_spread": 0.1, "omnihvd_final_sizes": [], "fixed": [],
-                          "runs": runs}],
-           "command": "x", "code_tree": "t", "code_version": "v", "finished": "now",
-           "machine": {"platform": "p", "cpus": 2}}
-    out = str(tmp_path / "r")
-    with open(out + ".json", "w") as f:
-        json.dump(doc, f)
-    assert realhet.main(["--resummarize", "--out", out]) == 0
-    with open(out + ".json") as f:
-        s = json.load(f)["scenarios"][0]
+    s, table = _resummarized(tmp_path, runs, plain_s=3.1, omnihvd_s=2.1, best_fixed_s=2.3,
+                             omnihvd_vs_best_fixed=2.3 / 2.1, omnihvd_vs_plain=3.1 / 2.1,
+                             fixed_vs_plain=3.1 / 2.3, omnihvd_times=[2.0, 2.1, 2.2],
+                             plain_times=[3.0, 3.1, 3.2], omnihvd_spread=0.1)
     low, high = s["omnihvd_vs_best_fixed_held_out_ci"]
     assert low <= s["omnihvd_vs_best_fixed_held_out"] <= high
     assert (low, high) == (round(2.2 / 2.2, 3), round(2.4 / 2.0, 3))
-    with open(out + ".md") as f:
-        table = f.read()
     assert "| 1.10 (%.2f-%.2f) | 1.48x (" % (low, high) in table
 
 
