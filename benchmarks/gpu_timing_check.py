@@ -1,8 +1,10 @@
 """GPU check: omnihvd's local step time follows the device's work; host time does not.
 
-On one CUDA GPU, without Horovod: two workloads (square matmuls of two sizes, on the
-weights of a model that lives on the GPU) run as "steps". Each step is timed three
-ways from the same start:
+On one CUDA GPU, without Horovod: two workloads run as "steps" -- ``--workload
+matmul`` (default): square matmuls of two sizes on the weights of a model that lives
+on the GPU; ``--workload train``: a training step (forward and backward of a small
+convolutional net on 28x28 images) at two batch sizes, the quantity omnihvd's
+controller divides between ranks. Each step is timed three ways from the same start:
 
 * CUDA events around the step's kernels (the device's own account: the reference);
 * omnihvd's StepTimer as the callback builds it: ``device_sync`` from
@@ -19,6 +21,7 @@ Usage::
 
     python benchmarks/gpu_timing_check.py              # about 30 s on one GPU
     python benchmarks/gpu_timing_check.py --sizes 1024 4096 --steps 40
+    python benchmarks/gpu_timing_check.py --workload train   # batch sizes 256 and 2048
 
 Exit status: 0 PASS, 1 FAIL, 2 no CUDA device (nothing was checked).
 """
@@ -82,14 +85,50 @@ def verdict(medians, tolerance=TOLERANCE):
     return passed, rows, lines
 
 
-def measure(size, steps, warmup, repeats):
+def matmul_workload(size, repeats):
+    """A model on the GPU and a step that queues ``repeats`` ``size``-square matmuls."""
+    import torch
+
+    model = torch.nn.Linear(size, size, bias=False).cuda()
+    x = torch.randn(size, size, device="cuda")
+
+    def step():
+        with torch.no_grad():
+            y = x
+            for _ in range(repeats):
+                y = model(y) * 1e-3  # forward "work"; keeps values finite
+    return model, step
+
+
+def train_workload(batch, repeats=None):
+    """A small convolutional net on the GPU and a step that queues the forward and
+    backward of one batch of ``batch`` 28x28 images (``repeats`` is not used)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 12 * 12, 128),
+        torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    x = torch.randn(batch, 1, 28, 28, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return model, step
+
+
+WORKLOADS = {"matmul": (matmul_workload, (1024, 4096)), "train": (train_workload, (256, 2048))}
+
+
+def measure(size, steps, warmup, repeats, workload="matmul"):
     """Median seconds per step of each timer for one workload."""
     import torch
 
     from omnihvd.device import device_synchronizer
 
-    model = torch.nn.Linear(size, size, bias=False).cuda()
-    x = torch.randn(size, size, device="cuda")
+    model, step = WORKLOADS[workload][0](size, repeats)
     omni = StepTimer(device_sync=device_synchronizer(model))
     host = StepTimer()
     samples = {t: [] for t in TIMERS}
@@ -100,10 +139,7 @@ def measure(size, steps, warmup, repeats):
         host.start(at=start)
         omni.start(at=start)
         begin.record()
-        with torch.no_grad():
-            y = x
-            for _ in range(repeats):
-                y = model(y) * 1e-3  # forward "work"; keeps values finite
+        step()
         end.record()
         host.mark_wait()             # where opt.step() would be entered
         omni.mark_wait()
@@ -132,11 +168,14 @@ def sync_cost(calls=2000):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs=2, default=[1024, 4096],
-                        help="matrix sizes of the two workloads (default 1024 4096)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="matmul",
+                        help="matmul (default) or train (a conv net's forward and backward)")
+    parser.add_argument("--sizes", type=int, nargs=2, default=None,
+                        help="the two matrix sizes (matmul, default 1024 4096) or batch sizes "
+                             "(train, default 256 2048)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per workload")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=8, help="matmuls per step")
+    parser.add_argument("--repeats", type=int, default=8, help="matmuls per step (matmul)")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -147,9 +186,10 @@ def main(argv=None):
         print("gpu_timing_check: no CUDA device is available here; this check needs one GPU "
               "(nothing was checked)")
         return 2
-    print("gpu_timing_check on %s, torch %s" % (torch.cuda.get_device_name(0), torch.__version__))
-    small, large = sorted(args.sizes)
-    medians = {"n=%d" % n: measure(n, args.steps, args.warmup, args.repeats)
+    print("gpu_timing_check (%s) on %s, torch %s"
+          % (args.workload, torch.cuda.get_device_name(0), torch.__version__))
+    small, large = sorted(args.sizes or WORKLOADS[args.workload][1])
+    medians = {"n=%d" % n: measure(n, args.steps, args.warmup, args.repeats, args.workload)
                for n in (small, large)}
     passed, _, lines = verdict(medians)
     print("\n".join(lines))

@@ -41,11 +41,12 @@ Timing boundary
     forward and the whole backward are in, waiting for other ranks is not. (The
     first bucket would be too early: it holds the last layers' gradients, before
     most of backward has run.) On CUDA the host reaches the last bucket before the
-    device has computed it, so the hook first synchronises the stream the gradients
-    were produced on -- ``torch.cuda.current_stream(device)``, never
-    ``torch.cuda.synchronize()``, which would also wait for NCCL's stream, i.e. for
-    the peers. The last bucket's allreduce waits for those kernels anyway, so the
-    cost is one host-side stream wait per step.
+    device has computed it, so there the timer first synchronises the stream the
+    gradients were produced on (``device_sync="auto"``, :mod:`omnihvd.device`:
+    ``torch.cuda.current_stream(device)``, never ``torch.cuda.synchronize()``,
+    which would also wait for NCCL's stream, i.e. for the peers). The last bucket's
+    allreduce waits for those kernels anyway, so the cost is one host-side stream
+    wait per step; ``device_sync=None`` leaves it out (host time only).
 
 Gathers
     The timings travel over the DDP model's own process group
@@ -256,12 +257,9 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         return [_HookHandle(self._hook_state)]
 
     def _on_last_bucket(self, device):
-        if device.type == "cuda":
-            import torch
-
-            # The compute stream only: the NCCL stream would mean waiting for peers.
-            torch.cuda.current_stream(device).synchronize()
-        self.mark_compute_end()  # the wait boundary: also posts a gather when one is due
+        # The wait boundary: the timer's device_sync ("auto": the model's compute
+        # streams, never NCCL's) runs here, and a gather is posted when one is due.
+        self.mark_compute_end()
 
     # --------------------------------------------------------------- hooks
     def on_batch_end(self, batch=None, logs=None):

@@ -133,6 +133,28 @@ def test_callback_in_a_world_of_one_times_up_to_the_last_bucket(world_of_one):
     assert state["step"] == 5 and state["batch_sizes"] == [8]
 
 
+@pytest.mark.parametrize("option", ["callable", None])
+def test_device_sync_runs_once_per_step_at_the_last_bucket(world_of_one, option):
+    # The timer's device_sync is the one place the compute stream is waited for:
+    # the hook honours the option (None: host time only) and never syncs twice.
+    import omnihvd
+
+    calls = []
+    model = torch.nn.parallel.DistributedDataParallel(_net(), bucket_cap_mb=0.0005)
+    sync = (lambda: calls.append(cb._timer.running)) if option else None
+    cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=8, device_sync=sync)
+    cb.on_train_begin()
+    for _ in range(3):
+        cb.on_batch_begin()
+        model(torch.randn(8, 6, dtype=torch.float64)).pow(2).mean().backward()
+        cb.on_batch_end()
+    cb.on_batch_begin()  # a last bucket on a CUDA device: the hook itself waits for nothing
+    cb._on_last_bucket(torch.device("cuda", 0))
+    cb.on_batch_end()
+    cb.on_train_end()
+    assert calls == ([True] * 4 if option else [])  # inside the timed window, once a step
+
+
 def test_a_step_without_allreduce_is_not_timed(world_of_one):
     import omnihvd
 

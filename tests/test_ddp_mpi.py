@@ -69,3 +69,18 @@ def test_a_failing_rank_ends_the_job():
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "omnihvd: rank 1 raised RuntimeError: injected failure at step 4" in proc.stdout
     assert "should not happen" not in proc.stdout
+
+
+def test_gpu_balance_check_runs_its_plumbing_on_the_cpu():
+    # benchmarks/gpu_ddp_balance.py as a GPU lease would run it, on the CPU: both runs
+    # (device_sync "auto" and None) train, decide and end; their splits keep the batch.
+    script = os.path.join(os.path.dirname(HERE), "..", "benchmarks", "gpu_ddp_balance.py")
+    out = torchrun(2, script, "--device", "cpu", "--global-batch", 64, "--steps", 30,
+                   "--extra", 2).stdout
+    line = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    assert line, out[-4000:]
+    runs = json.loads(line[0][len("RESULT "):])
+    assert sorted(runs) == ["auto", "host"], runs
+    for run in runs.values():
+        assert sum(run["sizes"]) == 64 and len(run["last_local_times_ms"]) == 2, run
+        assert run["median_step_ms"] > 0, run

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_timing_check.py: its verdict logic and its behaviour without a GPU."""
+"""The GPU checks (benchmarks/gpu_timing_check.py, gpu_ddp_balance.py): their verdict
+logic and their behaviour without a GPU."""
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_ddp_balance as balance  # noqa: E402
 import gpu_timing_check as check  # noqa: E402
 
 pytestmark = pytest.mark.single
@@ -40,12 +42,40 @@ def test_needs_exactly_two_workloads():
         check.verdict({"a": medians(8.0)["n=1"]})
 
 
-def test_without_cuda_it_says_so_and_exits_2():
+@pytest.mark.parametrize("command", [["gpu_timing_check.py"],
+                                     ["gpu_timing_check.py", "--workload", "train"],
+                                     ["gpu_ddp_balance.py"]])
+def test_without_cuda_it_says_so_and_exits_2(command):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the script would run the real check")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_timing_check.py")],
-                          capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", command[0])]
+                          + command[1:], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no CUDA device" in proc.stdout and "nothing was checked" in proc.stdout
+
+
+def test_both_workloads_have_two_sizes_the_smaller_first():
+    for build, sizes in check.WORKLOADS.values():
+        assert callable(build) and len(sizes) == 2 and sizes[0] < sizes[1]
+
+
+@pytest.mark.parametrize("auto, host, passed", [
+    (400, 1024, True),     # 19.5% of the batch against 50%
+    (921, 1024, True),     # 44.97%, 5.03% below
+    (922, 1024, False),    # 45.02%: more than 45%
+    (900, 950, False),     # 43.9%, but only 2.4% below host time only
+])
+def test_balance_verdict_needs_a_clear_shift_away_from_the_slow_device(auto, host, passed):
+    B = 2048
+    results = {"auto": {"sizes": [B - auto, auto]}, "host": {"sizes": [B - host, host]}}
+    ok, line = balance.verdict(results, B)
+    assert ok is passed and line.startswith("PASS" if passed else "FAIL")
+
+
+@pytest.mark.parametrize("module", [check, balance])
+def test_docstring_examples(module):
+    import doctest
+    failed, attempted = doctest.testmod(module, verbose=False)
+    assert attempted >= 2 and failed == 0

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every GPU check of omnihvd in one run (about 2 minutes on one GPU; no Horovod build):
+#   1. gpu_timing_check.py: the local time follows the device (matmuls of two sizes);
+#   2. the same for a training step (forward + backward) at two batch sizes;
+#   3. gpu_ddp_balance.py: two ranks on the GPU, one with device work the host does not
+#      see; omnihvd moves samples away from it with device sync, not with host time;
+#   4. the single-process tests of the timing and DDP code on the GPU's torch.
+# Each part's output is saved under OUTDIR (default: $OUT when set, else ./gpu-checks);
+# the exit status is the number of parts that failed.
+#
+# Usage: bash benchmarks/gpu_checks.sh [OUTDIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-gpu-checks}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+py=${PYTHON:-python3}
+failed=0
+
+part() {  # part NAME SECONDS COMMAND...
+    local name=$1 seconds=$2
+    shift 2
+    echo "=== $name: $*"
+    timeout "$seconds" "$@" 2>&1 | tee "$out/$name.txt"
+    local rc=$?
+    echo "=== $name: exit $rc"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+{ nvidia-smi -L; $py -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)"; } 2>&1 | tee "$out/env.txt"
+part matmul 100 $py benchmarks/gpu_timing_check.py
+part train 100 $py benchmarks/gpu_timing_check.py --workload train
+part ddp_balance 150 $py -m torch.distributed.run --standalone --nproc-per-node 2 \
+    benchmarks/gpu_ddp_balance.py
+part pytest 120 $py -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_gpu_check.py \
+    tests/test_ddp.py tests/test_timing.py
+echo "gpu_checks: $failed part(s) failed; outputs in $out"
+exit "$failed"
