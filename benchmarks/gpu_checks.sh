@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of omnihvd in one run (about 2 minutes on one GPU; no Horovod build):
+# Every GPU check of omnihvd in one run (about 3 minutes on one GPU; no Horovod build):
 #   1. gpu_timing_check.py: the local time follows the device (matmuls of two sizes);
 #   2. the same for a training step (forward + backward) at two batch sizes;
-#   3. gpu_ddp_balance.py: two ranks on the GPU, one with device work the host does not
+#   3. gpu_ddp_check.py: DDP's timing boundary (the last bucket) follows the device too,
+#      and SyncBatchNorm is refused (NCCL world of one);
+#   4. gpu_ddp_balance.py: two ranks on the GPU, one with device work the host does not
 #      see; omnihvd moves samples away from it with device sync, not with host time;
-#   4. the single-process tests of the timing and DDP code on the GPU's torch.
+#   5. the single-process tests of the timing and DDP code on the GPU's torch.
 # Each part's output is saved under OUTDIR (default: $OUT when set, else ./gpu-checks);
 # the exit status is the number of parts that failed.
 #
@@ -30,6 +32,7 @@ part() {  # part NAME SECONDS COMMAND...
 { nvidia-smi -L; $py -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)"; } 2>&1 | tee "$out/env.txt"
 part matmul 100 $py benchmarks/gpu_timing_check.py
 part train 100 $py benchmarks/gpu_timing_check.py --workload train
+part ddp_boundary 100 $py benchmarks/gpu_ddp_check.py
 part ddp_balance 150 $py -m torch.distributed.run --standalone --nproc-per-node 2 \
     benchmarks/gpu_ddp_balance.py
 part pytest 120 $py -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_gpu_check.py \

@@ -10,6 +10,8 @@ checks that SyncBatchNorm is refused. Passes when omnihvd's ratio is within 10% 
 the events' ratio. About a minute on one GPU::
 
     .venv/bin/python benchmarks/gpu_ddp_check.py     # prints GPU-DDP-CHECK {json}
+
+Exit status: 0 PASS, 1 FAIL, 2 no CUDA device (nothing was checked).
 """
 import json
 import os
@@ -62,6 +64,10 @@ def measure(batch):
 
 
 def main():
+    if not torch.cuda.is_available():
+        print("gpu_ddp_check: no CUDA device is available here; this check needs one GPU "
+              "(nothing was checked)")
+        return 2
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29731")
     torch.cuda.set_device(0)

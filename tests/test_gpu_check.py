@@ -1,5 +1,5 @@
-"""The GPU checks (benchmarks/gpu_timing_check.py, gpu_ddp_balance.py): their verdict
-logic and their behaviour without a GPU."""
+"""The GPU checks (benchmarks/gpu_timing_check.py, gpu_ddp_balance.py, gpu_ddp_check.py):
+their verdict logic and their behaviour without a GPU."""
 import os
 import subprocess
 import sys
@@ -44,7 +44,7 @@ def test_needs_exactly_two_workloads():
 
 @pytest.mark.parametrize("command", [["gpu_timing_check.py"],
                                      ["gpu_timing_check.py", "--workload", "train"],
-                                     ["gpu_ddp_balance.py"]])
+                                     ["gpu_ddp_balance.py"], ["gpu_ddp_check.py"]])
 def test_without_cuda_it_says_so_and_exits_2(command):
     import torch
     if torch.cuda.is_available():
