@@ -13,7 +13,9 @@ place per repeat, see ``run_order``), it runs the script in
 three modes: plain Horovod (equal split), omnihvd (default options) and fixed splits
 (omnihvd's sampler and weighting, balancing off) derived from the known CPU shares
 -- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True``; with
-``seeded``, omnihvd started from each fixed split instead of the equal one --
+``seeded``, omnihvd started from each fixed split instead of the equal one; with
+``alternate``, one more launch per repeat in which the fixed splits take turns by
+epoch (paired within the launch: see ``alternation``) --
 and reports per mode the median time of the measured (last) epoch, the best fixed
 split, the ratios and omnihvd's spread over repeats::
 
@@ -370,15 +372,16 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none"]
         # setarch -R turns address-space randomisation off, then execs (same pid)
         launch += (["setarch", platform.machine(), "-R"] if args.no_aslr else []) + [args.python]
-    # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one
-    script_mode, split_flag = (("omnihvd", "--start-split") if mode == "seeded"
-                               else (mode, "--split"))
+    # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one;
+    # alternate: the fixed splits taking turns by epoch
+    script_mode, split_flag = {"seeded": ("omnihvd", "--start-split"),
+                               "alternate": ("fixed", "--split")}.get(mode, (mode, "--split"))
     cmd = launch + [args.script, "--mode", script_mode, "--epochs", str(epochs),
            "--global-batch-size", str(args.batch_per_rank * n)]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     if split is not None:
-        cmd += [split_flag, ",".join(map(str, split))]
+        cmd += [split_flag, split_text(split)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (args.code, env.get("PYTHONPATH")) if p)
     env.update(dict(e.split("=", 1) for e in args.env))
@@ -495,6 +498,17 @@ def disturbed(record: dict, max_foreign_cpu: Optional[float]) -> bool:
     return max_foreign_cpu is not None and record["foreign_cpu_s"] > max_foreign_cpu
 
 
+def split_text(split) -> str:
+    """``--split``'s text: one split, or several taking turns by epoch (mode ``alternate``).
+
+    >>> split_text([24, 12, 12]), split_text([[24, 12, 12], [12, 18, 18]])
+    ('24,12,12', '24,12,12/12,18,18')
+    """
+    if split and isinstance(split[0], (list, tuple)):
+        return "/".join(split_text(s) for s in split)
+    return ",".join(map(str, split))
+
+
 def run_order(num_modes: int, repeat: int) -> List[int]:
     """The order in which one repeat runs the modes: rotated by one place per repeat, so
     that over ``num_modes`` repeats each mode runs once in each position (a run's time
@@ -515,10 +529,15 @@ def run_scenario(args, name: str, spec: str) -> dict:
     modes = [(m, None) for m in ("plain", "omnihvd", "tuned") if m in args.modes]
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
+    if "alternate" in args.modes:
+        check_alternation(len(phases), len(candidates), args.epochs, args.steps)
+        modes.append(("alternate", candidates))
     runs = []
     for repeat in range(args.repeats):
         for position, k in enumerate(run_order(len(modes), repeat)):
             mode, split = modes[k]
+            if mode == "alternate":   # each split in each place of the turns, over repeats
+                split = [split[i] for i in run_order(len(split), repeat)]
             tag = "%d-%d" % (repeat, k)
             rec = run_once(args, phases, mode, split, tag)
             for retry in range(args.retries):
@@ -531,11 +550,99 @@ def run_scenario(args, name: str, spec: str) -> dict:
             rec["repeat"], rec["position"] = repeat, position
             runs.append(rec)
             print("  %-16s repeat %d %-7s %-16s %s" % (
-                name, repeat, mode, ",".join(map(str, split)) if split else "",
+                name, repeat, mode, split_text(split) if split else "",
                 "%.3f s, sizes %s, foreign cpu %.1f s (steal %.1f s)" % (
                     rec["measured_s"], rec["final_sizes"], rec["foreign_cpu_s"], rec["steal_s"])
                 if "measured_s" in rec else "FAILED: " + failure(rec)), flush=True)
     return summarize(name, spec, phases, B, runs, args)
+
+
+def check_alternation(num_phases: int, num_splits: int, epochs: Optional[int],
+                      steps: Optional[int]) -> None:
+    """Mode ``alternate`` needs one phase, two fixed splits or more, epochs of a fixed
+    length and, after the first (warm-up) epoch, the same number of epochs per split.
+
+    >>> check_alternation(1, 2, 5, 100)
+    >>> check_alternation(1, 2, 4, 100)
+    Traceback (most recent call last):
+    ...
+    SystemExit: --modes alternate: after the first epoch each of the 2 splits needs as many epochs: --epochs 1 + a multiple of 2 (3, 5, ...), not 4
+    """
+    if num_phases != 1:
+        raise SystemExit("--modes alternate compares splits within one launch: not with a "
+                         "scenario whose placement changes mid-run")
+    if num_splits < 2:
+        raise SystemExit("--modes alternate needs two fixed splits or more (--lambdas)")
+    if not steps:
+        raise SystemExit("--modes alternate needs epochs of a fixed length: --steps N")
+    if epochs is None or epochs < 1 + num_splits or (epochs - 1) % num_splits:
+        raise SystemExit("--modes alternate: after the first epoch each of the %d splits needs "
+                         "as many epochs: --epochs 1 + a multiple of %d (%d, %d, ...), not %s"
+                         % (num_splits, num_splits, 1 + num_splits, 1 + 2 * num_splits, epochs))
+
+
+def alternation(runs: List[dict]) -> Optional[dict]:
+    """Mode ``alternate``: fixed splits taking turns by epoch within each launch.
+
+    Epoch e of a launch trains with the (e mod k)-th split of its turns (``split``, the
+    order rotated over repeats); the first epoch, a warm-up, is left out. Per launch and
+    split: the median time of its epochs. Paired within one launch, the splits share
+    whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
+    slow mode"), which across launches moves a split's time by up to 2x here. Per split:
+    the median over launches of the first split's time over its own in the same launch
+    (a throughput ratio: above 1 it is faster than the first), a 95% bootstrap interval
+    of that median over launches (``median_interval``), and in how many launches it was
+    the fastest. The first split is the first candidate (the lowest lambda). None
+    without such launches.
+
+    >>> runs = [{"mode": "alternate", "repeat": r, "measured_s": 1.0,
+    ...          "split": [[2, 1], [1, 2]][r % 2:] + [[2, 1], [1, 2]][:r % 2],
+    ...          "epochs": [{"seconds": t} for t in times]}
+    ...         for r, times in enumerate([(9, 2.0, 1.0, 2.0, 1.0), (9, 1.1, 2.2, 1.1, 2.2),
+    ...                                    (9, 3.0, 1.6, 3.0, 1.6)])]
+    >>> doc = alternation(runs)
+    >>> doc["splits"], doc["vs_first"], doc["fastest"]   # the first split is twice as fast
+    ([[2, 1], [1, 2]], [1.0, 0.5], [3, 0])
+    >>> doc["per_launch"][0]
+    [1.0, 2.0]
+    """
+    done = sorted((r for r in runs if r["mode"] == "alternate" and "measured_s" in r),
+                  key=lambda r: r["repeat"])
+    if not done:
+        return None
+    first = done[0]["split"]
+    splits = [first[i] for i in run_order(len(first), -done[0]["repeat"] % len(first))]
+    per_launch = []
+    for r in done:
+        turns = [tuple(s) for s in r["split"]]
+        by_split = {}
+        for e, epoch in enumerate(r["epochs"][1:], start=1):
+            by_split.setdefault(turns[e % len(turns)], []).append(epoch["seconds"])
+        per_launch.append([statistics.median(by_split[tuple(s)]) for s in splits])
+    ratios = [[times[0] / t for t in times] for times in per_launch]
+    return {"splits": [list(s) for s in splits], "launches": len(done),
+            "per_launch": per_launch,
+            "vs_first": [round(statistics.median(col), 3) for col in zip(*ratios)],
+            "vs_first_ci": [median_interval(list(col)) for col in zip(*ratios)],
+            "fastest": [sum(min(range(len(t)), key=t.__getitem__) == i for t in per_launch)
+                        for i in range(len(splits))]}
+
+
+def median_interval(values: Sequence[float], level: float = 0.95, draws: int = 4000,
+                    seed: int = 0) -> Optional[List[float]]:
+    """A percentile bootstrap interval of the median of ``values`` (one per launch),
+    seeded; None with fewer than 3 values.
+
+    >>> median_interval([1.0, 1.1, 0.9, 1.0, 1.05])
+    [0.9, 1.1]
+    """
+    if len(values) < 3:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    tail = (1 - level) / 2
+    return [round(medians[int(tail * (draws - 1))], 3),
+            round(medians[int(round((1 - tail) * (draws - 1)))], 3)]
 
 
 def failure(record: dict) -> str:
@@ -618,6 +725,7 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
         "foreign_cpu_s_max": max((r["foreign_cpu_s"] for r in runs), default=None),
         "position_effect": position_effect(runs),
         "seeded": seeded_summary(runs, fixed),
+        "alternation": alternation(runs),
         "runs": runs,
     })
 
@@ -816,6 +924,22 @@ def markdown(doc) -> str:
                                              _fmt(v["median_s"]), _fmt(v["vs_fixed"], "%.2f"),
                                              _interval(v["vs_fixed_ci"], "%.2f"))
                     for name, v in seeded)]
+    alternated = [s for s in doc["scenarios"] if s.get("alternation")]
+    if alternated:
+        out += ["", "Fixed splits taking turns by epoch in one launch (mode `alternate`; the "
+                "first epoch left out): per split, the median over launches of the first "
+                "split's time over its own in the same launch (above 1: faster than the "
+                "first), a 95% interval over launches, and the launches in which it was the "
+                "fastest:", "",
+                "| scenario | launches | split | throughput over the first split | fastest in |",
+                "|---|---|---|---|---|"]
+        for s in alternated:
+            a = s["alternation"]
+            for i, split in enumerate(a["splits"]):
+                out.append("| %s | %s | %s | %s%s | %d |" % (
+                    s["scenario"] if i == 0 else "", a["launches"] if i == 0 else "",
+                    split_text(split), _fmt(a["vs_first"][i], "%.3f"),
+                    _interval(a["vs_first_ci"][i], "%.3f"), a["fastest"][i]))
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
@@ -892,7 +1016,7 @@ def parse_args(argv=None):
                         "rewrite OUT.md")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
-    bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed", "seeded"}
+    bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed", "seeded", "alternate"}
     if bad:
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
@@ -941,7 +1065,8 @@ def main(argv=None):
     if args.resummarize:
         with open(args.out + ".json") as f:
             doc = json.load(f)
-        doc["scenarios"] = [dict(with_held_out(s), position_effect=position_effect(s["runs"]))
+        doc["scenarios"] = [dict(with_held_out(s), position_effect=position_effect(s["runs"]),
+                                 alternation=alternation(s["runs"]))
                             for s in doc["scenarios"]]
         write(doc, args.out)
         print("results: %s.json, %s.md" % (args.out, args.out))

@@ -36,6 +36,23 @@ def test_example_modes_end_cleanly(mode, sizes):
     assert "MPI_FINALIZE" not in proc.stdout
 
 
+def test_fixed_splits_take_turns_by_epoch(tmp_path):
+    # --split A/B (benchmarks/realhet.py --modes alternate): every step of epoch e runs
+    # with the (e mod 2)-th split, on every rank (the step anatomy records each batch).
+    folder = tmp_path / "anatomy"
+    proc = mpirun(3, EXAMPLE, "--epochs", "3", "--global-batch-size", "48", "--steps", "8",
+                  "--mode", "fixed", "--split", "24,12,12/12,18,18", timeout=300,
+                  env={"OMNIHVD_EXAMPLE_ANATOMY": str(folder)})
+    assert re.findall(r"^epoch (\d): ", proc.stdout, re.M) == ["0", "1", "2"], proc.stdout
+    turns = ([24, 12, 12], [12, 18, 18])
+    for epoch in range(3):
+        for rank in range(3):
+            (name,) = [n for n in os.listdir(folder) if n.endswith("-e%d-r%d.json" % (epoch, rank))]
+            with open(folder / name) as f:
+                steps = json.load(f)
+            assert [s["samples"] for s in steps] == [turns[epoch % 2][rank]] * 8, (epoch, rank)
+
+
 def test_example_records_the_step_anatomy(tmp_path):
     """OMNIHVD_EXAMPLE_ANATOMY: every rank writes its steps, and the timestamps nest
     (a step's period holds its body before step() and its time inside step())."""
@@ -70,6 +87,9 @@ def test_example_starts_omnihvd_from_a_given_split():
     (["--split", "1,2"], "--split goes with --mode fixed"),
     (["--mode", "fixed", "--split", "1,2", "--start-split", "1,2"],
      "--start-split goes with --mode omnihvd or tuned"),
+    (["--mode", "fixed", "--split", "24,12,12/12,18,18"], "--steps must fix"),
+    (["--mode", "fixed", "--split", "24,12,12/12,18,18", "--steps", "5", "--checkpoint", "x"],
+     "does not go with --checkpoint"),
 ])
 def test_example_rejects_a_split_for_the_wrong_mode(argv, error):
     import subprocess

@@ -82,6 +82,43 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
     assert realhet.position_effect(runs) == [1.0, 1.0, 1.0, 1.0]
 
 
+def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_launch(
+        monkeypatch, tmp_path):
+    # Launch speeds differ 3x, the split 128,32,32 is 20% slower within every launch:
+    # paired in a launch the comparison sees only the 20%.
+    launches = []
+
+    def fake_run(args, phases, mode, split, tag):
+        launches.append(split)
+        speed = 1.0 + len(launches)   # each launch slower than the last
+        cost = {(96, 48, 48): 1.0, (128, 32, 32): 1.2}
+        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "steal_s": 0.0,
+                "measured_s": 1.0, "final_sizes": split[-1],
+                "epochs": [{"seconds": 99.0}] + [{"seconds": speed * cost[tuple(split[e % 2])]}
+                                                 for e in range(1, 5)]}
+
+    monkeypatch.setattr(realhet, "run_once", fake_run)
+    args = realhet.parse_args(["--modes", "alternate", "--repeats", "3", "--lambdas", "1,2",
+                               "--epochs", "5", "--steps", "10", "--out", str(tmp_path / "r")])
+    args.available = [0, 1]
+    result = realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+    assert launches == [[[96, 48, 48], [128, 32, 32]], [[128, 32, 32], [96, 48, 48]],
+                        [[96, 48, 48], [128, 32, 32]]]
+    alt = result["alternation"]
+    assert alt["splits"] == [[96, 48, 48], [128, 32, 32]] and alt["launches"] == 3
+    assert alt["vs_first"] == [1.0, round(1 / 1.2, 3)] and alt["fastest"] == [3, 0]
+    assert alt["vs_first_ci"][1] == [round(1 / 1.2, 3)] * 2
+    doc = {"scenarios": [result], "command": "x", "code_tree": "t", "code_version": "v",
+           "finished": "now", "machine": {"platform": "p", "cpus": 2}}
+    assert "| 2:1:1 | 3 | 96,48,48 | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
+    with pytest.raises(SystemExit, match="--epochs 1 \\+ a multiple of 2"):
+        args.epochs = 4
+        realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+    with pytest.raises(SystemExit, match="placement changes mid-run"):
+        args.epochs = 5
+        realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
+
+
 def test_the_harness_docstring_examples():
     import doctest
     result = doctest.testmod(realhet)
