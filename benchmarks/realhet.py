@@ -14,8 +14,9 @@ three modes: plain Horovod (equal split), omnihvd (default options) and fixed sp
 (omnihvd's sampler and weighting, balancing off) derived from the known CPU shares
 -- and, with ``--modes ...,tuned``, omnihvd with ``tune_split=True``; with
 ``seeded``, omnihvd started from each fixed split instead of the equal one; with
-``alternate``, one more launch per repeat in which the fixed splits take turns by
-epoch (paired within the launch: see ``alternation``) --
+``alternate``, one more launch per repeat in which omnihvd and the fixed splits take
+turns by epoch (benchmarks/train_turns.py; compared within the launch, see
+``alternation``) --
 and reports per mode the median time of the measured (last) epoch, the best fixed
 split, the ratios and omnihvd's spread over repeats::
 
@@ -372,16 +373,19 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         launch = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none"]
         # setarch -R turns address-space randomisation off, then execs (same pid)
         launch += (["setarch", platform.machine(), "-R"] if args.no_aslr else []) + [args.python]
-    # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one;
-    # alternate: the fixed splits taking turns by epoch
-    script_mode, split_flag = {"seeded": ("omnihvd", "--start-split"),
-                               "alternate": ("fixed", "--split")}.get(mode, (mode, "--split"))
-    cmd = launch + [args.script, "--mode", script_mode, "--epochs", str(epochs),
-           "--global-batch-size", str(args.batch_per_rank * n)]
+    # seeded: omnihvd (balancing on) started from a fixed split instead of the equal one
+    script_mode, split_flag = (("omnihvd", "--start-split") if mode == "seeded"
+                               else (mode, "--split"))
+    if mode == "alternate":   # omnihvd and fixed splits taking turns by epoch
+        cmd = launch + [os.path.join(args.code, "benchmarks", "train_turns.py"),
+                        "--turns", turns_text(split)]
+    else:
+        cmd = launch + [args.script, "--mode", script_mode]
+        if split is not None:
+            cmd += [split_flag, turns_text(split)]
+    cmd += ["--epochs", str(epochs), "--global-batch-size", str(args.batch_per_rank * n)]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
-    if split is not None:
-        cmd += [split_flag, split_text(split)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (args.code, env.get("PYTHONPATH")) if p)
     env.update(dict(e.split("=", 1) for e in args.env))
@@ -498,14 +502,14 @@ def disturbed(record: dict, max_foreign_cpu: Optional[float]) -> bool:
     return max_foreign_cpu is not None and record["foreign_cpu_s"] > max_foreign_cpu
 
 
-def split_text(split) -> str:
-    """``--split``'s text: one split, or several taking turns by epoch (mode ``alternate``).
+def turns_text(split) -> str:
+    """A split as ``--split`` takes it, or turns as ``train_turns.py --turns`` does.
 
-    >>> split_text([24, 12, 12]), split_text([[24, 12, 12], [12, 18, 18]])
-    ('24,12,12', '24,12,12/12,18,18')
+    >>> turns_text([24, 12, 12]), turns_text(["omnihvd", [24, 12, 12], [12, 18, 18]])
+    ('24,12,12', 'omnihvd/24,12,12/12,18,18')
     """
-    if split and isinstance(split[0], (list, tuple)):
-        return "/".join(split_text(s) for s in split)
+    if split and isinstance(split[0], (str, list, tuple)):
+        return "/".join(t if isinstance(t, str) else turns_text(t) for t in split)
     return ",".join(map(str, split))
 
 
@@ -530,13 +534,14 @@ def run_scenario(args, name: str, spec: str) -> dict:
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
     if "alternate" in args.modes:
-        check_alternation(len(phases), len(candidates), args.epochs, args.steps)
-        modes.append(("alternate", candidates))
+        turns = ["omnihvd"] + candidates
+        check_alternation(len(phases), len(turns), args.epochs, args.steps, args.launcher)
+        modes.append(("alternate", turns))
     runs = []
     for repeat in range(args.repeats):
         for position, k in enumerate(run_order(len(modes), repeat)):
             mode, split = modes[k]
-            if mode == "alternate":   # each split in each place of the turns, over repeats
+            if mode == "alternate":   # each turn in each place, over repeats
                 split = [split[i] for i in run_order(len(split), repeat)]
             tag = "%d-%d" % (repeat, k)
             rec = run_once(args, phases, mode, split, tag)
@@ -550,82 +555,85 @@ def run_scenario(args, name: str, spec: str) -> dict:
             rec["repeat"], rec["position"] = repeat, position
             runs.append(rec)
             print("  %-16s repeat %d %-7s %-16s %s" % (
-                name, repeat, mode, split_text(split) if split else "",
+                name, repeat, mode, turns_text(split) if split else "",
                 "%.3f s, sizes %s, foreign cpu %.1f s (steal %.1f s)" % (
                     rec["measured_s"], rec["final_sizes"], rec["foreign_cpu_s"], rec["steal_s"])
                 if "measured_s" in rec else "FAILED: " + failure(rec)), flush=True)
     return summarize(name, spec, phases, B, runs, args)
 
 
-def check_alternation(num_phases: int, num_splits: int, epochs: Optional[int],
-                      steps: Optional[int]) -> None:
-    """Mode ``alternate`` needs one phase, two fixed splits or more, epochs of a fixed
-    length and, after the first (warm-up) epoch, the same number of epochs per split.
+def check_alternation(num_phases: int, num_turns: int, epochs: Optional[int],
+                      steps: Optional[int], launcher: str = "mpirun") -> None:
+    """Mode ``alternate`` needs one phase, epochs of a fixed length, Horovod (mpirun),
+    and as many epochs for every turn: a first round (a warm-up, left out) and at
+    least one more.
 
-    >>> check_alternation(1, 2, 5, 100)
-    >>> check_alternation(1, 2, 4, 100)
+    >>> check_alternation(1, 3, 6, 100)
+    >>> check_alternation(1, 3, 5, 100)
     Traceback (most recent call last):
     ...
-    SystemExit: --modes alternate: after the first epoch each of the 2 splits needs as many epochs: --epochs 1 + a multiple of 2 (3, 5, ...), not 4
+    SystemExit: --modes alternate: each of the 3 turns needs as many epochs, a first round (left out) and more: --epochs a multiple of 3 from 6, not 5
     """
     if num_phases != 1:
-        raise SystemExit("--modes alternate compares splits within one launch: not with a "
+        raise SystemExit("--modes alternate compares turns within one launch: not with a "
                          "scenario whose placement changes mid-run")
-    if num_splits < 2:
-        raise SystemExit("--modes alternate needs two fixed splits or more (--lambdas)")
+    if launcher != "mpirun":
+        raise SystemExit("--modes alternate runs benchmarks/train_turns.py, a Horovod script: "
+                         "use --launcher mpirun")
     if not steps:
         raise SystemExit("--modes alternate needs epochs of a fixed length: --steps N")
-    if epochs is None or epochs < 1 + num_splits or (epochs - 1) % num_splits:
-        raise SystemExit("--modes alternate: after the first epoch each of the %d splits needs "
-                         "as many epochs: --epochs 1 + a multiple of %d (%d, %d, ...), not %s"
-                         % (num_splits, num_splits, 1 + num_splits, 1 + 2 * num_splits, epochs))
+    if epochs is None or epochs < 2 * num_turns or epochs % num_turns:
+        raise SystemExit("--modes alternate: each of the %d turns needs as many epochs, a first "
+                         "round (left out) and more: --epochs a multiple of %d from %d, not %s"
+                         % (num_turns, num_turns, 2 * num_turns, epochs))
 
 
 def alternation(runs: List[dict]) -> Optional[dict]:
-    """Mode ``alternate``: fixed splits taking turns by epoch within each launch.
+    """Mode ``alternate``: omnihvd and fixed splits taking turns by epoch in each launch.
 
-    Epoch e of a launch trains with the (e mod k)-th split of its turns (``split``, the
-    order rotated over repeats); the first epoch, a warm-up, is left out. Per launch and
-    split: the median time of its epochs. Paired within one launch, the splits share
+    Epoch e of a launch trains with turn ``e mod k`` of its turns (``split``: omnihvd
+    first, then the candidate splits, the order rotated over repeats); the first round
+    of k epochs is a warm-up (omnihvd converges there) and left out. Per launch and
+    turn: the median time of its epochs. Paired within one launch, the turns share
     whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
-    slow mode"), which across launches moves a split's time by up to 2x here. Per split:
-    the median over launches of the first split's time over its own in the same launch
-    (a throughput ratio: above 1 it is faster than the first), a 95% bootstrap interval
-    of that median over launches (``median_interval``), and in how many launches it was
-    the fastest. The first split is the first candidate (the lowest lambda). None
-    without such launches.
+    slow mode"), which across launches moves a split's time by up to 2x here. Per
+    turn: the median over launches of the first turn's time over its own in the same
+    launch (a throughput ratio: above 1 it is faster than the first, omnihvd), a 95%
+    bootstrap interval of that median over launches (``median_interval``), and in how
+    many launches it was the fastest. None without such launches.
 
     >>> runs = [{"mode": "alternate", "repeat": r, "measured_s": 1.0,
-    ...          "split": [[2, 1], [1, 2]][r % 2:] + [[2, 1], [1, 2]][:r % 2],
+    ...          "split": [["omnihvd", [1, 2]][(i + r) % 2] for i in range(2)],
     ...          "epochs": [{"seconds": t} for t in times]}
-    ...         for r, times in enumerate([(9, 2.0, 1.0, 2.0, 1.0), (9, 1.1, 2.2, 1.1, 2.2),
-    ...                                    (9, 3.0, 1.6, 3.0, 1.6)])]
+    ...         for r, times in enumerate([(9, 9, 1.0, 2.0, 1.0, 2.0), (9, 9, 2.2, 1.1, 2.2, 1.1),
+    ...                                    (9, 9, 1.6, 3.0, 1.6, 3.0)])]
     >>> doc = alternation(runs)
-    >>> doc["splits"], doc["vs_first"], doc["fastest"]   # the first split is twice as fast
-    ([[2, 1], [1, 2]], [1.0, 0.5], [3, 0])
-    >>> doc["per_launch"][0]
-    [1.0, 2.0]
+    >>> doc["turns"], doc["vs_first"], doc["fastest"]   # omnihvd twice as fast
+    (['omnihvd', [1, 2]], [1.0, 0.5], [3, 0])
+    >>> doc["per_launch"][1]
+    [1.1, 2.2]
     """
     done = sorted((r for r in runs if r["mode"] == "alternate" and "measured_s" in r),
                   key=lambda r: r["repeat"])
     if not done:
         return None
+    key = lambda t: t if isinstance(t, str) else tuple(t)  # noqa: E731
     first = done[0]["split"]
-    splits = [first[i] for i in run_order(len(first), -done[0]["repeat"] % len(first))]
+    turns = [first[i] for i in run_order(len(first), -done[0]["repeat"] % len(first))]
     per_launch = []
     for r in done:
-        turns = [tuple(s) for s in r["split"]]
-        by_split = {}
-        for e, epoch in enumerate(r["epochs"][1:], start=1):
-            by_split.setdefault(turns[e % len(turns)], []).append(epoch["seconds"])
-        per_launch.append([statistics.median(by_split[tuple(s)]) for s in splits])
+        order = [key(t) for t in r["split"]]
+        by_turn = {}
+        for e, epoch in enumerate(r["epochs"]):
+            if e >= len(order):   # the first round is a warm-up
+                by_turn.setdefault(order[e % len(order)], []).append(epoch["seconds"])
+        per_launch.append([statistics.median(by_turn[key(t)]) for t in turns])
     ratios = [[times[0] / t for t in times] for times in per_launch]
-    return {"splits": [list(s) for s in splits], "launches": len(done),
-            "per_launch": per_launch,
+    return {"turns": turns, "launches": len(done), "per_launch": per_launch,
             "vs_first": [round(statistics.median(col), 3) for col in zip(*ratios)],
             "vs_first_ci": [median_interval(list(col)) for col in zip(*ratios)],
             "fastest": [sum(min(range(len(t)), key=t.__getitem__) == i for t in per_launch)
-                        for i in range(len(splits))]}
+                        for i in range(len(turns))]}
 
 
 def median_interval(values: Sequence[float], level: float = 0.95, draws: int = 4000,
@@ -926,19 +934,19 @@ def markdown(doc) -> str:
                     for name, v in seeded)]
     alternated = [s for s in doc["scenarios"] if s.get("alternation")]
     if alternated:
-        out += ["", "Fixed splits taking turns by epoch in one launch (mode `alternate`; the "
-                "first epoch left out): per split, the median over launches of the first "
-                "split's time over its own in the same launch (above 1: faster than the "
-                "first), a 95% interval over launches, and the launches in which it was the "
-                "fastest:", "",
-                "| scenario | launches | split | throughput over the first split | fastest in |",
+        out += ["", "omnihvd and fixed splits taking turns by epoch in one launch (mode "
+                "`alternate`, benchmarks/train_turns.py; the first round of epochs left out): "
+                "per turn, the median over launches of omnihvd's time over the turn's own in "
+                "the same launch (a throughput ratio; below 1: slower than omnihvd), a 95% "
+                "interval over launches, and the launches in which it was the fastest:", "",
+                "| scenario | launches | turn | throughput over omnihvd's | fastest in |",
                 "|---|---|---|---|---|"]
         for s in alternated:
             a = s["alternation"]
-            for i, split in enumerate(a["splits"]):
+            for i, turn in enumerate(a["turns"]):
                 out.append("| %s | %s | %s | %s%s | %d |" % (
                     s["scenario"] if i == 0 else "", a["launches"] if i == 0 else "",
-                    split_text(split), _fmt(a["vs_first"][i], "%.3f"),
+                    turns_text([turn]), _fmt(a["vs_first"][i], "%.3f"),
                     _interval(a["vs_first_ci"][i], "%.3f"), a["fastest"][i]))
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(

@@ -35,9 +35,7 @@ def parse_args(description):
     p.add_argument("--steps", type=int, default=None,
                    help="epochs of this many steps (the first steps*global-batch-size images)")
     p.add_argument("--mode", choices=MODES, default="omnihvd")
-    p.add_argument("--split", default=None,
-                   help="--mode fixed: per-rank sizes, e.g. 128,64,64; several joined by / "
-                        "take turns by epoch (epoch e trains with the (e mod k)-th; needs --steps)")
+    p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
     p.add_argument("--start-split", default=None,
                    help="--mode omnihvd or tuned: start from these sizes, not the equal split")
     p.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,1,2,4")
@@ -52,28 +50,9 @@ def parse_args(description):
     if args.checkpoint and args.mode == "plain":
         p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
                 "mid-training")
-    turns = args.split.split("/") if args.split else []
-    if len(turns) > 1 and args.steps is None:
-        p.error("--split A/B takes turns by epoch, whose length --steps must fix")
-    if len(turns) > 1 and args.checkpoint:
-        p.error("--split A/B takes turns by epoch from the start: it does not go with --checkpoint")
-    args.split_turns = [[int(v) for v in text.split(",")] for text in turns]
-    args.split = args.split_turns[0] if turns else None
-    args.start_split = (None if args.start_split is None
-                        else [int(v) for v in args.start_split.split(",")])
+    args.split, args.start_split = (None if text is None else [int(v) for v in text.split(",")]
+                                    for text in (args.split, args.start_split))
     return args
-
-
-def take_turns(args, cb):
-    """``--split A/B``: schedule the fixed splits to take turns by epoch (epoch e trains
-    with ``args.split_turns[e % k]``), through the callback's checkpoint schedule.
-    Paired within one launch, they share whatever makes one launch faster than another."""
-    if len(args.split_turns) < 2:
-        return
-    state = cb.state_dict()
-    k = len(args.split_turns)
-    state["changes"] = [(e * args.steps, args.split_turns[e % k]) for e in range(1, args.epochs)]
-    cb.load_state_dict(state)
 
 
 def plain_loader(train, global_batch_size, rank, size):

@@ -12,8 +12,7 @@ marked "# omnihvd". Run it like any Horovod job:
   tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain Horovod: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
-           (e.g. --split 128,64,64) and balancing off: a hand-picked static split;
-           --split 128,64,64/96,80,80 with --steps: the splits take turns by epoch
+           (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
 --start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
 equal split (the callback's initial_batch_sizes).
@@ -42,7 +41,7 @@ from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
 from example_args import (StepAnatomy, callback_options, end_epoch, parse_args, plain_loader,
-                          resume, slowdown, take_turns)
+                          resume, slowdown)
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -70,8 +69,6 @@ def main():
 
     # Horovod's optimizer holds the state; omnihvd's callback and sampler hold theirs.
     start_epoch = resume(args.checkpoint, model, opt, cb, sampler)
-    if cb is not None:
-        take_turns(args, cb)  # --split A/B: fixed splits taking turns by epoch
     factor = slowdown(args, hvd.rank())
     anatomy = StepAnatomy(args, hvd.rank())  # off unless OMNIHVD_EXAMPLE_ANATOMY is set
 

@@ -13,8 +13,7 @@ Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
   tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain DDP: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
-           (e.g. --split 128,64,64) and balancing off: a hand-picked static split;
-           --split 128,64,64/96,80,80 with --steps: the splits take turns by epoch
+           (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
 --start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
 equal split (the callback's initial_batch_sizes).
@@ -42,8 +41,7 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import (callback_options, end_epoch, parse_args, plain_loader, resume,
-                          slowdown, take_turns)
+from example_args import callback_options, end_epoch, parse_args, plain_loader, resume, slowdown
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -75,8 +73,6 @@ def main():
         loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
 
     start_epoch = resume(args.checkpoint, model.module, opt, cb, sampler, map_location=device)
-    if cb is not None:
-        take_turns(args, cb)  # --split A/B: fixed splits taking turns by epoch
     factor = slowdown(args, rank)
 
     if cb is not None:

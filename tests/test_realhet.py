@@ -84,38 +84,40 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
 
 def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_launch(
         monkeypatch, tmp_path):
-    # Launch speeds differ 3x, the split 128,32,32 is 20% slower within every launch:
-    # paired in a launch the comparison sees only the 20%.
+    # Launch speeds differ 4x; within every launch the split 128,32,32 is 20% slower than
+    # omnihvd and 96,48,48 as fast: paired in a launch the comparison sees only that.
     launches = []
 
     def fake_run(args, phases, mode, split, tag):
         launches.append(split)
         speed = 1.0 + len(launches)   # each launch slower than the last
-        cost = {(96, 48, 48): 1.0, (128, 32, 32): 1.2}
+        cost = {"omnihvd": 1.0, (96, 48, 48): 1.0, (128, 32, 32): 1.2}
+        seconds = [speed * cost[t if isinstance(t, str) else tuple(t)] for t in split * 2]
+        seconds[:3] = [99.0] * 3   # the first round: omnihvd converging
         return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "steal_s": 0.0,
-                "measured_s": 1.0, "final_sizes": split[-1],
-                "epochs": [{"seconds": 99.0}] + [{"seconds": speed * cost[tuple(split[e % 2])]}
-                                                 for e in range(1, 5)]}
+                "measured_s": 1.0, "final_sizes": [96, 48, 48],
+                "epochs": [{"seconds": t} for t in seconds]}
 
     monkeypatch.setattr(realhet, "run_once", fake_run)
     args = realhet.parse_args(["--modes", "alternate", "--repeats", "3", "--lambdas", "1,2",
-                               "--epochs", "5", "--steps", "10", "--out", str(tmp_path / "r")])
+                               "--epochs", "6", "--steps", "10", "--out", str(tmp_path / "r")])
     args.available = [0, 1]
     result = realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
-    assert launches == [[[96, 48, 48], [128, 32, 32]], [[128, 32, 32], [96, 48, 48]],
-                        [[96, 48, 48], [128, 32, 32]]]
+    turns = ["omnihvd", [96, 48, 48], [128, 32, 32]]
+    assert launches == [turns, turns[1:] + turns[:1], turns[2:] + turns[:2]]
     alt = result["alternation"]
-    assert alt["splits"] == [[96, 48, 48], [128, 32, 32]] and alt["launches"] == 3
-    assert alt["vs_first"] == [1.0, round(1 / 1.2, 3)] and alt["fastest"] == [3, 0]
-    assert alt["vs_first_ci"][1] == [round(1 / 1.2, 3)] * 2
+    assert alt["turns"] == turns and alt["launches"] == 3
+    assert alt["vs_first"] == [1.0, 1.0, round(1 / 1.2, 3)] and alt["fastest"] == [3, 0, 0]
+    assert alt["vs_first_ci"][2] == [round(1 / 1.2, 3)] * 2
     doc = {"scenarios": [result], "command": "x", "code_tree": "t", "code_version": "v",
            "finished": "now", "machine": {"platform": "p", "cpus": 2}}
-    assert "| 2:1:1 | 3 | 96,48,48 | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
-    with pytest.raises(SystemExit, match="--epochs 1 \\+ a multiple of 2"):
-        args.epochs = 4
+    assert "| 2:1:1 | 3 | omnihvd | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
+    assert "|  |  | 128,32,32 | 0.833 (0.833-0.833) | 0 |" in realhet.markdown(doc)
+    with pytest.raises(SystemExit, match="--epochs a multiple of 3 from 6, not 5"):
+        args.epochs = 5
         realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
     with pytest.raises(SystemExit, match="placement changes mid-run"):
-        args.epochs = 5
+        args.epochs = 6
         realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
 
 
