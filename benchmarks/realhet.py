@@ -597,10 +597,11 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     turn: the median time of its epochs. Paired within one launch, the turns share
     whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
     slow mode"), which across launches moves a split's time by up to 2x here. Per
-    turn: the median over launches of the first turn's time over its own in the same
-    launch (a throughput ratio: above 1 it is faster than the first, omnihvd), a 95%
-    bootstrap interval of that median over launches (``median_interval``), and in how
-    many launches it was the fastest. None without such launches.
+    turn: the median over launches of its time over the first turn's in the same
+    launch (``first_over``: the first turn's throughput over it, omnihvd's over a fixed
+    split; above 1 the first is faster), a 95% bootstrap interval of that median over
+    launches (``median_interval``), and in how many launches it was the fastest. None
+    without such launches.
 
     >>> runs = [{"mode": "alternate", "repeat": r, "measured_s": 1.0,
     ...          "split": [["omnihvd", [1, 2]][(i + r) % 2] for i in range(2)],
@@ -608,8 +609,8 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     ...         for r, times in enumerate([(9, 9, 1.0, 2.0, 1.0, 2.0), (9, 9, 2.2, 1.1, 2.2, 1.1),
     ...                                    (9, 9, 1.6, 3.0, 1.6, 3.0)])]
     >>> doc = alternation(runs)
-    >>> doc["turns"], doc["vs_first"], doc["fastest"]   # omnihvd twice as fast
-    (['omnihvd', [1, 2]], [1.0, 0.5], [3, 0])
+    >>> doc["turns"], doc["first_over"], doc["fastest"]   # omnihvd twice as fast
+    (['omnihvd', [1, 2]], [1.0, 2.0], [3, 0])
     >>> doc["per_launch"][1]
     [1.1, 2.2]
     """
@@ -628,10 +629,10 @@ def alternation(runs: List[dict]) -> Optional[dict]:
             if e >= len(order):   # the first round is a warm-up
                 by_turn.setdefault(order[e % len(order)], []).append(epoch["seconds"])
         per_launch.append([statistics.median(by_turn[key(t)]) for t in turns])
-    ratios = [[times[0] / t for t in times] for times in per_launch]
+    ratios = [[t / times[0] for t in times] for times in per_launch]
     return {"turns": turns, "launches": len(done), "per_launch": per_launch,
-            "vs_first": [round(statistics.median(col), 3) for col in zip(*ratios)],
-            "vs_first_ci": [median_interval(list(col)) for col in zip(*ratios)],
+            "first_over": [round(statistics.median(col), 3) for col in zip(*ratios)],
+            "first_over_ci": [median_interval(list(col)) for col in zip(*ratios)],
             "fastest": [sum(min(range(len(t)), key=t.__getitem__) == i for t in per_launch)
                         for i in range(len(turns))]}
 
@@ -936,18 +937,18 @@ def markdown(doc) -> str:
     if alternated:
         out += ["", "omnihvd and fixed splits taking turns by epoch in one launch (mode "
                 "`alternate`, benchmarks/train_turns.py; the first round of epochs left out): "
-                "per turn, the median over launches of omnihvd's time over the turn's own in "
-                "the same launch (a throughput ratio; below 1: slower than omnihvd), a 95% "
-                "interval over launches, and the launches in which it was the fastest:", "",
-                "| scenario | launches | turn | throughput over omnihvd's | fastest in |",
+                "per turn, the median over launches of omnihvd's throughput over the turn's "
+                "in the same launch (the turn's time over omnihvd's), a 95% interval over "
+                "launches, and the launches in which the turn was the fastest:", "",
+                "| scenario | launches | turn | omnihvd / turn, same launch | fastest in |",
                 "|---|---|---|---|---|"]
         for s in alternated:
             a = s["alternation"]
             for i, turn in enumerate(a["turns"]):
                 out.append("| %s | %s | %s | %s%s | %d |" % (
                     s["scenario"] if i == 0 else "", a["launches"] if i == 0 else "",
-                    turns_text([turn]), _fmt(a["vs_first"][i], "%.3f"),
-                    _interval(a["vs_first_ci"][i], "%.3f"), a["fastest"][i]))
+                    turns_text([turn]), _fmt(a["first_over"][i], "%.3f"),
+                    _interval(a["first_over_ci"][i], "%.3f"), a["fastest"][i]))
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
