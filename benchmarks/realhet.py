@@ -534,7 +534,7 @@ def run_scenario(args, name: str, spec: str) -> dict:
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
     if "alternate" in args.modes:
-        turns = ["omnihvd"] + candidates
+        turns = args.turns + candidates
         check_alternation(len(phases), len(turns), args.epochs, args.steps, args.launcher)
         modes.append(("alternate", turns))
     runs = []
@@ -591,8 +591,9 @@ def check_alternation(num_phases: int, num_turns: int, epochs: Optional[int],
 def alternation(runs: List[dict]) -> Optional[dict]:
     """Mode ``alternate``: omnihvd and fixed splits taking turns by epoch in each launch.
 
-    Epoch e of a launch trains with turn ``e mod k`` of its turns (``split``: omnihvd
-    first, then the candidate splits, the order rotated over repeats); the first round
+    Epoch e of a launch trains with turn ``e mod k`` of its turns (``split``: the
+    balancing turns of ``--turns``, omnihvd by default, then the candidate splits, the
+    order rotated over repeats); the first round
     of k epochs is a warm-up (omnihvd converges there) and left out. Per launch and
     turn: the median time of its epochs. Paired within one launch, the turns share
     whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
@@ -937,9 +938,9 @@ def markdown(doc) -> str:
     if alternated:
         out += ["", "omnihvd and fixed splits taking turns by epoch in one launch (mode "
                 "`alternate`, benchmarks/train_turns.py; the first round of epochs left out): "
-                "per turn, the median over launches of omnihvd's throughput over the turn's "
-                "in the same launch (the turn's time over omnihvd's), a 95% interval over "
-                "launches, and the launches in which the turn was the fastest:", "",
+                "per turn, the median over launches of the first turn's (omnihvd's) throughput "
+                "over the turn's in the same launch (its time over the first's), a 95% interval "
+                "over launches, and the launches in which the turn was the fastest:", "",
                 "| scenario | launches | turn | omnihvd / turn, same launch | fastest in |",
                 "|---|---|---|---|---|"]
         for s in alternated:
@@ -989,6 +990,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100,
                    help="steps per epoch (0: full Fashion-MNIST epochs)")
     p.add_argument("--batch-per-rank", type=int, default=64, help="global batch = this * ranks")
+    p.add_argument("--turns", default="omnihvd",
+                   help="--modes alternate: the balancing turns before the fixed splits, "
+                        "omnihvd and/or tuned (default omnihvd; the first is the reference)")
     p.add_argument("--lambdas", default="0.8,1,1.2,1.4",
                    help="fixed splits: equal + lambda * (proportional to shares - equal)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
@@ -1029,6 +1033,9 @@ def parse_args(argv=None):
     if bad:
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
+    args.turns = [t for t in args.turns.split(",") if t]
+    if not args.turns or set(args.turns) - {"omnihvd", "tuned"}:
+        p.error("--turns takes omnihvd and/or tuned, got %r" % ",".join(args.turns))
     args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] +
                             [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
     args.code = os.path.abspath(args.code)

@@ -4,8 +4,9 @@ The training of examples/train_fashion_mnist.py (Fashion-MNIST, the small CNN, S
 with momentum, Horovod's optimizer), with several ways of splitting the global batch
 taking turns: epoch e trains with turn ``e mod k`` of ``--turns``. A turn is
 ``omnihvd`` (the callback with default options: balancing on, from where its last
-epoch left it) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and
-weighting, balancing off, like the example's ``--mode fixed``). Each turn has its own
+epoch left it), ``tuned`` (the same with ``tune_split=True``, the example's ``--mode
+tuned``) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and weighting,
+balancing off, like the example's ``--mode fixed``). Each turn has its own
 callback, sampler and loader; a turn's callback is started for its epoch and ended
 after it (``on_train_begin``/``on_train_end``), so the model and optimizer go on
 while each turn's state waits for its next epoch.
@@ -39,19 +40,22 @@ from example_args import end_epoch  # noqa: E402
 from train_fashion_mnist import evaluate  # noqa: E402
 
 
+BALANCING = {"omnihvd": {}, "tuned": {"tune_split": True}}   # turns that balance: options
+
+
 def parse_turns(text):
     """``omnihvd/26,25,13,192`` -> ``["omnihvd", [26, 25, 13, 192]]``.
 
-    >>> parse_turns("omnihvd/3,1")
-    ['omnihvd', [3, 1]]
+    >>> parse_turns("omnihvd/tuned/3,1")
+    ['omnihvd', 'tuned', [3, 1]]
     """
-    return [t if t == "omnihvd" else [int(v) for v in t.split(",")] for t in text.split("/")]
+    return [t if t in BALANCING else [int(v) for v in t.split(",")] for t in text.split("/")]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", required=True,
-                   help="turns joined by /: omnihvd or a split such as 26,25,13,192")
+                   help="turns joined by /: omnihvd, tuned or a split such as 26,25,13,192")
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="steps per epoch")
     p.add_argument("--global-batch-size", type=int, default=256)
@@ -78,8 +82,8 @@ def main():
 
     turns = []
     for turn in args.turns:
-        options = {} if turn == "omnihvd" else dict(initial_batch_sizes=turn,
-                                                    adjust_every=2 ** 62)
+        options = (BALANCING[turn] if isinstance(turn, str)
+                   else dict(initial_batch_sizes=turn, adjust_every=2 ** 62))
         cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,
                                        **options)
         sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)

@@ -113,6 +113,8 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
            "finished": "now", "machine": {"platform": "p", "cpus": 2}}
     assert "| 2:1:1 | 3 | omnihvd | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
     assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 |" in realhet.markdown(doc)
+    with pytest.raises(SystemExit):   # argparse: --turns names balancing turns only
+        realhet.parse_args(["--modes", "alternate", "--turns", "omnihvd,plain"])
     with pytest.raises(SystemExit, match="--epochs a multiple of 3 from 6, not 5"):
         args.epochs = 5
         realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
