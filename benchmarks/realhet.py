@@ -648,11 +648,18 @@ def median_interval(values: Sequence[float], level: float = 0.95, draws: int = 4
     """
     if len(values) < 3:
         return None
+    return percentile_bootstrap(
+        lambda rng: statistics.median(rng.choices(values, k=len(values))), level, draws, seed)
+
+
+def percentile_bootstrap(draw, level: float, draws: int, seed: int) -> List[float]:
+    """The central ``level`` interval of ``draws`` values of ``draw(rng)`` (one
+    resample each, from a ``random.Random(seed)``), rounded to 3 places."""
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    values = sorted(draw(rng) for _ in range(draws))
     tail = (1 - level) / 2
-    return [round(medians[int(tail * (draws - 1))], 3),
-            round(medians[int(round((1 - tail) * (draws - 1)))], 3)]
+    return [round(values[int(tail * (draws - 1))], 3),
+            round(values[int(round((1 - tail) * (draws - 1)))], 3)]
 
 
 def failure(record: dict) -> str:
@@ -799,13 +806,10 @@ def ratio_interval(slower: Sequence[float], faster: Sequence[float], level: floa
     """
     if min(len(slower), len(faster)) < 3:
         return None
-    rng = random.Random(seed)
-    ratios = sorted(statistics.median(rng.choices(slower, k=len(slower)))
-                    / statistics.median(rng.choices(faster, k=len(faster)))
-                    for _ in range(draws))
-    tail = (1 - level) / 2
-    return [round(ratios[int(tail * (draws - 1))], 3),
-            round(ratios[int(round((1 - tail) * (draws - 1)))], 3)]
+    return percentile_bootstrap(
+        lambda rng: (statistics.median(rng.choices(slower, k=len(slower)))
+                     / statistics.median(rng.choices(faster, k=len(faster)))),
+        level, draws, seed)
 
 
 def with_held_out(result: dict) -> dict:
