@@ -996,7 +996,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-per-rank", type=int, default=64, help="global batch = this * ranks")
     p.add_argument("--turns", default="omnihvd",
                    help="--modes alternate: the balancing turns before the fixed splits, "
-                        "omnihvd and/or tuned (default omnihvd; the first is the reference)")
+                        "omnihvd, tuned, arrivals and/or means (default omnihvd; the first "
+                        "is the reference)")
     p.add_argument("--lambdas", default="0.8,1,1.2,1.4",
                    help="fixed splits: equal + lambda * (proportional to shares - equal)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
@@ -1038,8 +1039,9 @@ def parse_args(argv=None):
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
     args.turns = [t for t in args.turns.split(",") if t]
-    if not args.turns or set(args.turns) - {"omnihvd", "tuned"}:
-        p.error("--turns takes omnihvd and/or tuned, got %r" % ",".join(args.turns))
+    if not args.turns or set(args.turns) - {"omnihvd", "tuned", "arrivals", "means"}:
+        p.error("--turns takes omnihvd, tuned, arrivals and/or means, got %r"
+                % ",".join(args.turns))
     args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] +
                             [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
     args.code = os.path.abspath(args.code)

@@ -16,6 +16,12 @@ and the period minus the local time (what lies outside the rank's local time).
 The rank that arrives last in a step waits for no one, so its time inside
 ``opt.step()`` is the step's *tail*: the allreduce and update that follow the last
 arrival. The least of the ranks' medians of it is shown as the run's tail.
+
+Per rank it also gives how often the rank arrived last (its local time, or in plain
+mode its body before ``opt.step()``, the largest of the step), and per run the mean
+over steps of that slowest arrival beside the largest of the ranks' means: the
+difference is what the ranks' step-to-step noise costs a split of equal means
+(:mod:`omnihvd.arrivals`).
 """
 import argparse
 import glob
@@ -69,13 +75,41 @@ def summarize(folder, epoch=None, skip=10):
         ranks = epochs[e]
         if sorted(ranks) != list(range(len(ranks))):
             raise ValueError("%s epoch %d: ranks %s, not 0..n-1" % (run, e, sorted(ranks)))
-        summaries = []
+        steps = []
         for r in range(len(ranks)):
             with open(ranks[r]) as f:
-                summaries.append(rank_summary(json.load(f), skip))
-        runs[run] = {"epoch": e, "ranks": summaries,
-                     "tail_s": min(s["in_step_s"] for s in summaries)}
+                steps.append(json.load(f))
+        summaries = [rank_summary(s, skip) for s in steps]
+        arrivals = last_arrivals(steps, skip)
+        for s, share in zip(summaries, arrivals.pop("last_share")):
+            s["last_share"] = share
+        runs[run] = dict({"epoch": e, "ranks": summaries,
+                          "tail_s": min(s["in_step_s"] for s in summaries)}, **arrivals)
     return runs
+
+
+def last_arrivals(ranks_steps, skip=0):
+    """Who arrived last, step by step: each rank's share of the steps in which its
+    local time (``before_step_s`` when there is none) was the largest, the mean over
+    steps of that largest time, and the largest of the ranks' mean times.
+
+    >>> a = [{"local_s": 0.1}, {"local_s": 0.1}, {"local_s": 0.1}, {"local_s": 0.1}]
+    >>> b = [{"local_s": 0.15}, {"local_s": 0.05}, {"local_s": 0.15}, {"local_s": 0.05}]
+    >>> out = last_arrivals([a, b])
+    >>> out["last_share"], round(out["mean_slowest_s"], 3), round(out["slowest_mean_s"], 3)
+    ([0.5, 0.5], 0.125, 0.1)
+    """
+    steps = min(len(s) for s in ranks_steps)
+    table = [[s[i].get("local_s") if s[i].get("local_s") is not None
+              else s[i].get("before_step_s") for s in ranks_steps] for i in range(skip, steps)]
+    table = [row for row in table if all(v is not None for v in row)]
+    if not table:
+        return {"last_share": [None] * len(ranks_steps), "mean_slowest_s": None,
+                "slowest_mean_s": None}
+    last = [row.index(max(row)) for row in table]
+    return {"last_share": [last.count(r) / len(table) for r in range(len(ranks_steps))],
+            "mean_slowest_s": statistics.fmean(max(row) for row in table),
+            "slowest_mean_s": max(statistics.fmean(col) for col in zip(*table))}
 
 
 def _ms(value):
@@ -84,14 +118,19 @@ def _ms(value):
 
 def markdown(runs):
     lines = ["| run | rank | samples | local ms | before step() ms | in step() ms | period ms "
-             "| period - local ms |", "|---|---|---|---|---|---|---|---|"]
+             "| period - local ms | arrived last |", "|---|---|---|---|---|---|---|---|---|"]
     for run, data in runs.items():
         for r, s in enumerate(data["ranks"]):
-            lines.append("| %s | %d | %g | %s | %s | %s | %s | %s |" % (
+            share = s.get("last_share")
+            lines.append("| %s | %d | %g | %s | %s | %s | %s | %s | %s |" % (
                 run if r == 0 else "", r, s["samples"], _ms(s["local_s"]),
                 _ms(s["before_step_s"]), _ms(s["in_step_s"]), _ms(s["period_s"]),
-                _ms(s["outside_local_s"])))
-        lines.append("| | tail | | | | %s | | |" % _ms(data["tail_s"]))
+                _ms(s["outside_local_s"]), "-" if share is None else "%.0f%%" % (100 * share)))
+        lines.append("| | tail | | | | %s | | | |" % _ms(data["tail_s"]))
+        if data.get("mean_slowest_s") is not None:
+            lines.append("| | slowest arrival: mean over steps %s ms, largest rank mean %s ms "
+                         "| | | | | | | |" % (_ms(data["mean_slowest_s"]),
+                                              _ms(data["slowest_mean_s"])))
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,9 @@ with momentum, Horovod's optimizer), with several ways of splitting the global b
 taking turns: epoch e trains with turn ``e mod k`` of ``--turns``. A turn is
 ``omnihvd`` (the callback with default options: balancing on, from where its last
 epoch left it), ``tuned`` (the same with ``tune_split=True``, the example's ``--mode
-tuned``) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and weighting,
+tuned``), ``arrivals`` (the same with ``balance_arrivals=True``), ``means`` (the
+same with ``balance_arrivals=False``: equal mean local times, the default since
+2026-12-04 and so ``omnihvd`` again) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and weighting,
 balancing off, like the example's ``--mode fixed``). Each turn has its own
 callback, sampler and loader; a turn's callback is started for its epoch and ended
 after it (``on_train_begin``/``on_train_end``), so the model and optimizer go on
@@ -40,7 +42,9 @@ from example_args import end_epoch  # noqa: E402
 from train_fashion_mnist import evaluate  # noqa: E402
 
 
-BALANCING = {"omnihvd": {}, "tuned": {"tune_split": True}}   # turns that balance: options
+# turns that balance: their options
+BALANCING = {"omnihvd": {}, "tuned": {"tune_split": True},
+             "arrivals": {"balance_arrivals": True}, "means": {"balance_arrivals": False}}
 
 
 def parse_turns(text):
@@ -55,7 +59,8 @@ def parse_turns(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", required=True,
-                   help="turns joined by /: omnihvd, tuned or a split such as 26,25,13,192")
+                   help="turns joined by /: omnihvd, tuned, arrivals, means or a split "
+                        "such as 26,25,13,192")
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="steps per epoch")
     p.add_argument("--global-batch-size", type=int, default=256)

@@ -45,10 +45,12 @@ def scenarios(simulate_module):
         yield level.upper(), Cluster(ranks=8, noise=0.1), level
 
 
-def compare(simulate_module, cluster, profile, seed):
-    """Tuned over untuned mean step time per stretch, and the tuned final sizes."""
+def compare(simulate_module, cluster, profile, seed, **control):
+    """Tuned over untuned mean step time per stretch, and the tuned final sizes
+    (``control``: other :class:`Control` fields, the same for both)."""
     runs = [simulate_module.simulate(cluster, profile, global_batch_size=BATCH, steps=STEPS,
-                                     seed=seed, control=simulate_module.Control(tune_split=tune))
+                                     seed=seed,
+                                     control=simulate_module.Control(tune_split=tune, **control))
             for tune in (True, False)]
     ratios = [float(runs[0].step_time[lo:hi].mean() / runs[1].step_time[lo:hi].mean())
               for lo, hi in STRETCHES]

@@ -8,7 +8,8 @@ balancer on server 0, the simulator -- runs this rhythm:
    whose first ``settle_steps`` samples are dropped (:meth:`Cadence.begin_step`);
 2. **gather**: the step that ends every ``adjust_every``-th window
    (:meth:`Cadence.gathers_at`) closes it (:func:`close_window`: time, standard
-   error, sample count, then an empty window) and the ranks exchange their
+   error, sample count, then an empty window; with ``arrivals``, also the local time
+   of each of the window's last steps, aligned by step) and the ranks exchange their
    measurements. The synchronous callback posts the allgather at that step's wait
    boundary (its local time is final there) and completes it at the same step's end;
 3. **decide**: every rank runs :meth:`Cadence.decide` on the same gathered numbers,
@@ -35,6 +36,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
 from .errors import ConfigError
 from .timing import DEFAULT_SUMMARY, TimingWindow
@@ -51,6 +53,9 @@ class Measurement(NamedTuple):
     count: object   # valid samples in the window
     period: float = float("nan")        # median step period (wall time, waits included)
     period_error: float = float("nan")  # its standard error
+    # local time of each of the window's last steps (NaN: none), aligned by step on
+    # every rank: (steps,), or (steps, lanes); None when not kept
+    arrivals: Optional[np.ndarray] = None
 
 
 class Decision(NamedTuple):
@@ -115,13 +120,19 @@ class Cadence:
         tune_split: also tune the split by the measured step period
             (:class:`omnihvd.tuning.TiltSearch`; its windows need
             :meth:`record_period` and the gathered periods in :meth:`decide`).
+        arrivals: also keep each step's local time, aligned by step (the last
+            :data:`~omnihvd.arrivals.ARRIVAL_STEPS` of each window, settle steps
+            left out), for the split for the slowest arrival
+            (:mod:`omnihvd.arrivals`; the gathered table goes to :meth:`decide`).
+            For synchronous training, where a step waits for its last rank.
 
     Raises:
         ConfigError: malformed options.
     """
 
     def __init__(self, controller, *, adjust_every: int = 20, settle_steps: int = 1,
-                 timing: str = DEFAULT_SUMMARY, tune_split: bool = False):
+                 timing: str = DEFAULT_SUMMARY, tune_split: bool = False,
+                 arrivals: bool = False):
         check_cadence(adjust_every, settle_steps)
         self.controller = controller
         self.adjust_every = int(adjust_every)
@@ -133,6 +144,10 @@ class Cadence:
         self.periods = TimingWindow(self.settle_steps, "median") if tune_split else None
         self._window_sizes: Optional[List[int]] = None
         self._window_key = None
+        # each step's local time since the window opened (NaN: none), or None when
+        # not kept; steps since the sizes changed (the first settle_steps are left out)
+        self._arrivals: Optional[list] = [] if arrivals else None
+        self._since_change = 0
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
 
     # -------------------------------------------------------------- measuring
@@ -147,9 +162,17 @@ class Cadence:
                 self.periods.reset(settle=True)
             self._window_key = key
             self._window_sizes = [int(b) for b in sizes]
+            self._since_change = 0
+            if self._arrivals is not None:
+                self._arrivals = []
+        self._since_change += 1
+        if self._arrivals is not None and self._since_change > self.settle_steps:
+            self._arrivals.append(np.nan)   # this step's slot, filled by record()
 
     def record(self, seconds) -> bool:
         """Offer the running step's local time; returns whether it was kept."""
+        if self._arrivals and self._since_change > self.settle_steps:
+            self._arrivals[-1] = seconds
         return self.window.add(seconds)
 
     def record_period(self, seconds) -> bool:
@@ -162,11 +185,25 @@ class Cadence:
         """Summarise the window (local times, and periods under ``tune_split``) and
         empty it."""
         measured = close_window(self.window)
+        if self._arrivals is not None:
+            measured = measured._replace(arrivals=self._close_arrivals())
         if self.periods is None:
             return measured
         period, period_error, _ = self.periods.measure()
         self.periods.reset(settle=False)
         return measured._replace(period=period, period_error=period_error)
+
+    def _close_arrivals(self) -> np.ndarray:
+        """The window's last ARRIVAL_STEPS per-step times (NaN where missing), emptied."""
+        slots, self._arrivals = self._arrivals[-ARRIVAL_STEPS:], []
+        if not slots:
+            return np.empty(0)
+        lanes = max((np.size(v) for v in slots), default=1)
+        out = np.full((len(slots), lanes), np.nan)
+        for row, value in zip(out, slots):
+            row[:] = value
+        out = np.where(np.isfinite(out) & (out > 0), out, np.nan)
+        return out[:, 0] if lanes == 1 and np.ndim(slots[0]) == 0 else out
 
     def gathers_at(self, step: int) -> bool:
         """Whether step ``step`` (0-based, global) closes a window and gathers."""
@@ -192,7 +229,8 @@ class Cadence:
         return [int(b) for b in current]
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
-               lookahead: int = 0, periods=None, period_errors=None) -> Decision:
+               lookahead: int = 0, periods=None, period_errors=None,
+               arrivals=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -202,6 +240,8 @@ class Cadence:
             lookahead: steps beyond ``step`` some rank has already handed out.
             periods, period_errors: the gathered step periods and their errors (one
                 per rank; used under ``tune_split``, whose window is the median rank's).
+            arrivals: the gathered ``(steps, ranks)`` local times of single steps
+                (None: the split balances mean times only).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -221,16 +261,17 @@ class Cadence:
         use_errors = errors is not None and self.timing != "mean"
         tuner = self.tuner
         if tuner is None:
-            new = self.controller.decide(sizes, times, errors if use_errors else None)
+            new = self.controller.decide(sizes, times, errors if use_errors else None,
+                                         arrivals=arrivals)
             return self.propose(step, sizes, new, lookahead=lookahead)
         period = _median_period(periods, period_errors)
         if tuner.probing:
             # a search's window: its local times still teach the controller's model
-            self.controller.observe(sizes, times)
+            self.controller.observe(sizes, times, arrivals)
             probe = tuner.measured(*period)
         else:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         tilt=tuner.tilt)
+                                         tilt=tuner.tilt, arrivals=arrivals)
             decision = self.propose(step, sizes, new, lookahead=lookahead)
             probe = tuner.after_decision(decision.changed, *period)
             if probe is None:

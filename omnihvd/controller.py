@@ -36,6 +36,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
+from .arrivals import ArrivalPool, last_arrival_split
 from .errors import ConfigError, InfeasibleError
 from .timing import MAD_TO_SD
 from .tuning import tilt_weights
@@ -646,6 +647,11 @@ class Controller:
         size_multiple: every size is a multiple of this k (rank 0 also taking
             ``B mod k``; see :func:`unit_bounds`), so few distinct shapes occur.
 
+    Given each window's per-step local times (``arrivals`` of :meth:`decide`), the
+    split is then moved for the slowest arrival of each step rather than the mean
+    (:mod:`omnihvd.arrivals`): ranks whose time varies from step to step get a little
+    less, steady ones a little more.
+
     >>> ctl = Controller(2, 60, policy="affine")
     >>> ctl.decide([30, 30], [4.0, 2.5])     # one size seen: proportional guess
     [23, 37]
@@ -707,9 +713,11 @@ class Controller:
         """Drop the measured history (after a change of hardware or membership)."""
         self._sizes, self._times, self._valid, self._ratios = [], [], [], []
         self._pool_sizes, self._pool_sum, self._pool_count = None, None, None
+        self._arrivals = ArrivalPool()
 
-    def observe(self, batch_sizes, times):
-        """Record one round of measurements without deciding."""
+    def observe(self, batch_sizes, times, arrivals=None):
+        """Record one round of measurements without deciding (``arrivals``: see
+        :meth:`decide`)."""
         b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
@@ -737,6 +745,14 @@ class Controller:
         self._valid = (self._valid + [np.ones(self.num_ranks, dtype=bool)])[-self.history:]
         self._ratios = (self._ratios + [ratio])[-self.history:]
         self._add_to_pool(b, t, changed)
+        if changed.any():   # a rank's old noise no longer describes it
+            self._arrivals.forget()
+        if arrivals is not None:
+            arr = np.asarray(arrivals, dtype=np.float64)
+            if arr.ndim != 2 or arr.shape[1] != self.num_ranks:
+                raise ConfigError("arrivals must be a (steps, %d) table of local times, got "
+                                  "shape %s" % (self.num_ranks, arr.shape))
+            self._arrivals.add(arr)
 
     def _add_to_pool(self, b, t, changed):
         """Add a round to the pool of rounds at the current sizes (see :meth:`pooled`)."""
@@ -828,7 +844,8 @@ class Controller:
                 noise[r] = max(noise[r], scale * float(np.median(deviation[seen[:, r], r])))
         return noise
 
-    def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0) -> list:
+    def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,
+               arrivals=None) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
 
         Args:
@@ -843,11 +860,17 @@ class Controller:
                 around. Without them every round is taken at face value.
             tilt: balance ``t_i * w_i`` instead of ``t_i`` (:func:`omnihvd.tuning.tilt_weights`;
                 0, the default, balances local times; ``tune_split`` searches it).
+            arrivals: optional ``(steps, ranks)`` local times of single steps of the
+                window, aligned by step (NaN: none). Pooled over the last windows,
+                they move the split for each step's slowest arrival
+                (:func:`omnihvd.arrivals.last_arrival_split`); balanced means are then
+                left alone only when that would gain less than
+                :data:`omnihvd.arrivals.MIN_GAIN` of the step.
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
         """
-        self.observe(batch_sizes, times)
+        self.observe(batch_sizes, times, arrivals)
         b, t = self._sizes[-1], self._times[-1]
         valid = self.valid(b)
         pooled = errors is not None
@@ -855,7 +878,11 @@ class Controller:
             t, errors = self._pooled_errors(errors)
             w = tilt_weights(b, t, tilt)
             if valid and not self._significant(t * w, errors * w):
-                return b.tolist()
+                # the means are balanced within their noise: only the slowest
+                # arrival may still move the split, from where it is
+                new = self._for_last_arrival(b, b, t, pooled, w)
+                return _deadband(b, new, self.global_batch_size, self.lo, self.hi,
+                                 self.deadband, self.size_multiple)
         new = self._solve(b, t, pooled, tilt, self.gain)
         return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband,
                          self.size_multiple)
@@ -883,19 +910,44 @@ class Controller:
         return (np.maximum(self.lo, -(-b // self.max_step_ratio)),
                 np.minimum(self.hi, b * self.max_step_ratio))
 
+    def _weighted_model(self, b, t, pooled: bool, w) -> TimeModel:
+        """The policy's time model, times ``w`` (the proportional policy: a_i = 0)."""
+        if self.policy == "proportional":
+            # relative to the slowest, as rebalance() takes them (scale-free)
+            t = np.maximum(t / t.max(), 1e-12)
+            return TimeModel(np.zeros(self.num_ranks), t * w / b)
+        model = self.model(pooled)
+        return TimeModel(model.intercept * w, model.slope * w)
+
+    def _for_last_arrival(self, start, b, t, pooled: bool, w) -> list:
+        """``start`` moved for the slowest arrival of the pooled steps
+        (:func:`omnihvd.arrivals.last_arrival_split`; unchanged without them), within
+        the trust region around the measured sizes ``b``."""
+        residuals = self._arrivals.residuals()
+        if residuals is None:
+            return [int(v) for v in start]
+        lo, hi = self._trust_region(b)
+        return last_arrival_split(start, self._weighted_model(b, t, pooled, w), residuals,
+                                  lo=lo, hi=hi, size_multiple=self.size_multiple)
+
     def _solve(self, b, t, pooled: bool, tilt: float, gain: float) -> list:
         """The policy's split from sizes ``b`` and times ``t`` (the latest or pooled) at
-        ``tilt`` (equal ``t_i * w_i``, :func:`omnihvd.tuning.tilt_weights`), a ``gain``
-        step of the way from ``b``."""
+        ``tilt`` (equal ``t_i * w_i``, :func:`omnihvd.tuning.tilt_weights`), moved for
+        the slowest arrival when steps were pooled, a ``gain`` step of the way from
+        ``b``."""
         lo, hi = self._trust_region(b)  # feasible because b itself lies inside it
         w = tilt_weights(b, t, tilt)
         B, k = self.global_batch_size, self.size_multiple
         if self.policy == "proportional":
-            return rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi, gain=gain,
-                             deadband=0.0, size_multiple=k)
-        model = self.model(pooled)
-        new = solve_time_model(TimeModel(model.intercept * w, model.slope * w), B,
-                               min_batch_size=lo, max_batch_size=hi, size_multiple=k)
+            if self._arrivals.residuals() is None:   # the paper's controller, as it was
+                return rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi,
+                                 gain=gain, deadband=0.0, size_multiple=k)
+            new = rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi, gain=1.0,
+                            deadband=0.0, size_multiple=k)
+        else:
+            new = solve_time_model(self._weighted_model(b, t, pooled, w), B,
+                                   min_batch_size=lo, max_batch_size=hi, size_multiple=k)
+        new = self._for_last_arrival(new, b, t, pooled, w)
         if gain != 1.0:  # partial step towards the solved split
             new = apportion(np.maximum(b + gain * (np.asarray(new) - b), 0.0), B, lo, hi, k)
         return new

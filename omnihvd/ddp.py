@@ -183,7 +183,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         global_batch_size: B, the samples per step over all ranks; held exactly.
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
         adjust_every, policy, settle_steps, timing, nonblocking, size_multiple,
-        loss_reduction, history_size, device_sync, cpu_quota, tune_split: as for
+        loss_reduction, history_size, device_sync, cpu_quota, tune_split,
+        balance_arrivals: as for
             :class:`~omnihvd.OmniLearnCallback`.
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
@@ -204,7 +205,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, size_multiple: int = 1,
                  loss_reduction: str = "mean", history_size: int = 1000,
                  abort_on_exception: Optional[bool] = None, device_sync="auto",
-                 cpu_quota="auto", tune_split: bool = False):
+                 cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):

@@ -2,7 +2,8 @@
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
 float64 (72 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
-matrix:
+matrix; with ``balance_arrivals=True`` (the same on every rank) each row also carries
+:data:`~omnihvd.arrivals.ARRIVAL_STEPS` more (328 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -16,6 +17,9 @@ col   name       meaning
 6     ERROR      the standard error of TIME (the noise gate's input)
 7     PERIOD     the window's median step period, waiting included (NaN: none)
 8     PERIOD_ERR the standard error of PERIOD
+9-40  ARRIVALS   only with balance_arrivals: the local time of each of the
+                 window's last steps (NaN: none), aligned by step: column
+                 9 + j is the same step on every rank
 ====  =========  ==========================================================
 
 Every float is exact for the integers it carries (a crc32 and batch sizes are far
@@ -29,16 +33,18 @@ below 2**53), so every rank reads the same ints back. Pure Python and numpy.
 ([30, 30], [0.2, 0.2], [60, 60], 0)
 """
 import zlib
-from typing import List, NamedTuple, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from .arrivals import ARRIVAL_STEPS
 from .errors import RankMismatchError
 
 __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered"]
 
 TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR = range(9)
 PAYLOAD_FIELDS = 9  # float64 per rank per adjustment
+ARRIVALS = 9        # with balance_arrivals: the first of ARRIVAL_STEPS more columns
 
 
 def digest(sizes: Sequence[int]) -> float:
@@ -62,12 +68,16 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         cap: this rank's memory cap.
 
     Returns:
-        list of :data:`PAYLOAD_FIELDS` floats, in column order.
+        list of :data:`PAYLOAD_FIELDS` floats in column order, and ARRIVAL_STEPS more
+        when ``measured`` holds per-step times (``arrivals`` not None).
     """
     row = [0.0] * PAYLOAD_FIELDS
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
     row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
     row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
+    if measured.arrivals is not None:
+        steps = np.ravel(measured.arrivals)[-ARRIVAL_STEPS:]
+        row += [float(v) for v in steps] + [float("nan")] * (ARRIVAL_STEPS - len(steps))
     return row
 
 
@@ -82,6 +92,7 @@ class Gathered(NamedTuple):
     lookahead: int         # the most steps any rank has handed out beyond the current one
     periods: np.ndarray    # median step periods, waiting included (NaN: none)
     period_errors: np.ndarray  # their standard errors
+    arrivals: Optional[np.ndarray] = None  # (steps, ranks) single steps' local times
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
@@ -95,7 +106,10 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
         raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
                                 "omnihvd state diverged (were different checkpoints loaded?)"
                                 % step)
+    steps = matrix[:, ARRIVALS:].T   # none without balance_arrivals
+    steps = steps[np.isfinite(steps).any(axis=1)]
     return Gathered(sizes=[int(b) for b in matrix[:, SIZE]], times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
-                    periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR])
+                    periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR],
+                    arrivals=steps if steps.size else None)

@@ -50,6 +50,9 @@ def test_sizes_converge_to_the_proportional_split(policy):
     assert sum(r["final_sizes"]) == 70
     # converged within a few adjustments: the first change is at the first decision
     assert r["change_steps"] and r["change_steps"][0] <= 11, r
+    # the per-step times were gathered (balance_arrivals=True) and every rank holds the
+    # same pool of them and took the same decisions
+    assert r["arrival_rows"] > 0 and r["ranks_agree"], r
 
 
 @pytest.mark.parametrize("scenario,needle", [

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from omnihvd import payload
+from omnihvd.arrivals import ARRIVAL_STEPS
 from omnihvd.cadence import Measurement
 from omnihvd.errors import RankMismatchError
 from omnihvd.payload import PAYLOAD_FIELDS, digest, payload_row, read_gathered
@@ -22,7 +23,7 @@ def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
     return np.array(rows, dtype=np.float64)
 
 
-def test_a_row_has_the_nine_columns_in_order():
+def test_a_row_has_the_columns_in_order():
     row = payload_row(Measurement(time=0.25, error=0.01, count=9, period=0.5, period_error=0.02),
                       [10, 30], 1, 2, 28)
     assert len(row) == PAYLOAD_FIELDS == 9
@@ -32,6 +33,22 @@ def test_a_row_has_the_nine_columns_in_order():
     assert row[payload.PERIOD] == 0.5 and row[payload.PERIOD_ERR] == 0.02
     got = read_gathered(np.array([row, row]), step=3)
     assert got.periods.tolist() == [0.5, 0.5] and got.period_errors.tolist() == [0.02, 0.02]
+    assert got.arrivals is None
+
+
+def test_the_steps_local_times_come_back_as_a_steps_by_ranks_table():
+    steps = [np.array([0.1, 0.2, np.nan]), np.array([0.3, 0.4, 0.5])]
+    rows = [payload_row(Measurement(time=0.2, error=0.0, count=3, arrivals=steps[r]),
+                        [10, 30], r, 0, 40) for r in (0, 1)]
+    got = read_gathered(np.array(rows), step=3)
+    assert all(len(r) == PAYLOAD_FIELDS + ARRIVAL_STEPS for r in rows)
+    assert got.arrivals.shape == (3, 2)
+    assert got.arrivals[:2].tolist() == [[0.1, 0.3], [0.2, 0.4]]
+    assert math.isnan(got.arrivals[2, 0]) and got.arrivals[2, 1] == 0.5
+    # a window longer than ARRIVAL_STEPS sends its last steps
+    long = np.arange(1, ARRIVAL_STEPS + 11, dtype=np.float64)
+    row = payload_row(Measurement(time=1.0, error=0.0, count=3, arrivals=long), [40], 0, 0, 40)
+    assert row[payload.ARRIVALS:] == long[-ARRIVAL_STEPS:].tolist()
 
 
 def test_reading_the_gathered_matrix_gives_every_column_back():

@@ -42,16 +42,21 @@ def test_summary_per_rank_and_tail(tmp_path):
     assert r1["outside_local_s"] == pytest.approx(0.16)
     assert step_anatomy.summarize(str(tmp_path), epoch=0, skip=0)["fixed-30_10-77"]["ranks"][0][
         "local_s"] == 9.0
+    assert (r0["last_share"], r1["last_share"]) == (1.0, 0.0)   # rank 0 always last
+    assert run["mean_slowest_s"] == pytest.approx(0.2) == run["slowest_mean_s"]
     table = step_anatomy.markdown(runs)
-    assert "| fixed-30_10-77 | 0 | 30 | 200.0 | 190.0 | 50.0 | 260.0 | 60.0 |" in table
-    assert "| | tail | | | | 50.0 | | |" in table
+    assert "| fixed-30_10-77 | 0 | 30 | 200.0 | 190.0 | 50.0 | 260.0 | 60.0 | 100% |" in table
+    assert "| | tail | | | | 50.0 | | | |" in table
+    assert "mean over steps 200.0 ms, largest rank mean 200.0 ms" in table
 
 
 def test_plain_mode_has_no_local_time(tmp_path):
     steps = [_step(16, None, 0.1, 0.1, 0.21)] * 3
     _write(tmp_path, "anatomy-plain-5-e0-r0.json", steps)
-    r0 = step_anatomy.summarize(str(tmp_path), skip=0)["plain-5"]["ranks"][0]
+    run = step_anatomy.summarize(str(tmp_path), skip=0)["plain-5"]
+    r0 = run["ranks"][0]
     assert r0["local_s"] is None and r0["outside_local_s"] is None
+    assert r0["last_share"] == 1.0 and run["mean_slowest_s"] == pytest.approx(0.1)
     assert "| - |" in step_anatomy.markdown({"plain-5": {"ranks": [r0], "tail_s": 0.1}})
 
 

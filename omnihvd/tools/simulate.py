@@ -26,6 +26,9 @@ Efficiency is ideal / simulated step time, with the same allreduce cost in both:
 the noise-free ideal is the continuous split that equalises ``a_i + b_i / x_i``
 (``B / sum(x)`` when ``a = 0``); the same-noise ideal applies this step's noise to
 that split, so it isolates what the controller loses from what noise alone costs.
+When the ranks' noise differs, the split for the last arrival
+(``Control.balance_arrivals``, :mod:`omnihvd.arrivals`) can beat that split: its
+same-noise efficiency may then exceed 1.
 
 Example::
 
@@ -60,6 +63,7 @@ __all__ = [
     "SpeedProfile",
     "make_profile",
     "ring_allreduce_seconds",
+    "noise_label",
     "simulate",
     "SimulationResult",
     "configure_parser",
@@ -85,7 +89,8 @@ class Cluster:
         overhead: fixed seconds per step at relative speed 1.0 (``a_i`` scales with
             1/speed: a slower worker is slower at everything).
         noise: coefficient of variation of the per-step, per-rank multiplicative
-            noise (log-normal, mean 1); 0.1 = 10% timing noise.
+            noise (log-normal, mean 1); 0.1 = 10% timing noise. One number, or one
+            per rank (ranks on a shared core vary more than one alone on its core).
         gradient_bytes: bytes allreduced per step (100e6 ~ ResNet-50 in fp32).
         bandwidth: bytes/s per link of the ring.
         latency: seconds per message of the ring.
@@ -98,7 +103,7 @@ class Cluster:
     ranks: int = 4
     throughput: float = 100.0
     overhead: float = 0.02
-    noise: float = 0.0
+    noise: object = 0.0
     gradient_bytes: float = 100e6
     bandwidth: float = 12.5e9
     latency: float = 5e-6
@@ -108,18 +113,22 @@ class Cluster:
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ConfigError("ranks must be an integer >= 1, got %r" % (self.ranks,))
         for name, lowest, strict in (("throughput", 0.0, True), ("overhead", 0.0, False),
-                                     ("noise", 0.0, False), ("gradient_bytes", 0.0, False),
+                                     ("gradient_bytes", 0.0, False),
                                      ("bandwidth", 0.0, True), ("latency", 0.0, False)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value)
                     and (value > lowest if strict else value >= lowest)):
                 raise ConfigError("%s must be a finite number %s 0, got %r"
                                   % (name, ">" if strict else ">=", value))
-        unseen = np.asarray(self.unseen, dtype=np.float64)
-        if unseen.shape not in ((), (self.ranks,)) or not np.all(np.isfinite(unseen) &
-                                                                (unseen >= 0)):
-            raise ConfigError("unseen must be one number >= 0 or one per rank, got %r"
-                              % (self.unseen,))
+        for name in ("noise", "unseen"):
+            value = getattr(self, name)
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                arr = np.full(2, np.nan)
+            if arr.shape not in ((), (self.ranks,)) or not np.all(np.isfinite(arr) & (arr >= 0)):
+                raise ConfigError("%s must be one number >= 0 or one per rank, got %r"
+                                  % (name, value))
 
 
 @dataclass
@@ -137,6 +146,7 @@ class Control:
             that gathers (0: the new sizes start at the next step, as in a run whose
             loader does not prefetch).
         tune_split: also tune the split by the step period (:mod:`omnihvd.tuning`).
+        balance_arrivals: split for each step's slowest arrival (:mod:`omnihvd.arrivals`).
     """
 
     policy: str = "affine"
@@ -150,6 +160,7 @@ class Control:
     max_batch_size: object = None
     history: int = 8
     tune_split: bool = False
+    balance_arrivals: bool = False
 
     def check(self):
         if self.policy not in POLICIES:
@@ -296,11 +307,22 @@ def make_profile(name: str, ranks: int, steps: int, *, seed: int = 0, base: str 
 # -------------------------------------------------------------------- simulation
 
 
+def noise_label(noise) -> str:
+    """``Cluster.noise`` in percent: ``"10%"``, or one figure per rank ``"5/5/30%"``.
+
+    >>> noise_label(0.1), noise_label([0.05, 0.05, 0.3])
+    ('10%', '5/5/30%')
+    """
+    return "/".join("%g" % round(100 * v, 6) for v in np.atleast_1d(noise)) + "%"
+
+
 def _noise_factors(rng, cv, ranks):
-    """Log-normal factors with mean 1 and coefficient of variation ``cv``."""
-    if cv == 0:
+    """Log-normal factors with mean 1 and coefficient of variation ``cv`` (one, or
+    one per rank)."""
+    cv = np.broadcast_to(np.asarray(cv, dtype=np.float64), (ranks,))
+    if not np.any(cv):
         return np.ones(ranks)
-    sigma = math.sqrt(math.log1p(cv * cv))
+    sigma = np.sqrt(np.log1p(cv * cv))
     return np.exp(rng.standard_normal(ranks) * sigma - 0.5 * sigma * sigma)
 
 
@@ -311,7 +333,7 @@ class SimulationResult:
     Attributes:
         step_time: simulated seconds of each step (slowest rank + allreduce).
         ideal_time: noise-free ideal step time (continuous equal-time split + allreduce).
-        oracle_time: the same split under this step's noise (+ allreduce).
+        oracle_time: the same split (equal means) under this step's noise (+ allreduce).
         equal_time: equal batch sizes under this step's noise (+ allreduce).
         balance: noise-free compute balance of the current sizes,
             ``T_ideal / max_i(a_i + b_i / x_i)``: 1.0 when perfectly balanced.
@@ -402,7 +424,7 @@ class SimulationResult:
             "profile": self.profile,
             "steps": self.steps,
             "policy": self.control["policy"],
-            "noise": self.cluster["noise"],
+            "noise": np.asarray(self.cluster["noise"], dtype=np.float64).tolist(),
             "allreduce_seconds": self.allreduce_seconds,
             "allgather_bytes": self.ranks * SUMMARY_FIELDS * 8,
             "decisions": len(self.decisions),
@@ -498,7 +520,8 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
                      min_batch_size=lo, max_batch_size=hi, history=control.history)
     sizes = np.asarray(initial_split(n, B, lo, hi, initial_batch_sizes), dtype=np.int64)
     cadence = Cadence(ctl, adjust_every=control.adjust_every, settle_steps=control.settle_steps,
-                      timing=control.timing, tune_split=control.tune_split)
+                      timing=control.timing, tune_split=control.tune_split,
+                      arrivals=control.balance_arrivals)
     unseen = 1.0 + np.asarray(cluster.unseen, dtype=np.float64)
     equal = np.asarray(apportion(np.ones(n), B, lo, hi), dtype=np.float64)
 
@@ -544,7 +567,8 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
             decision = cadence.decide(t, sizes, measured.time, measured.error, measured.count,
                                       lookahead=control.latency_steps,
                                       periods=[measured.period],
-                                      period_errors=[measured.period_error])
+                                      period_errors=[measured.period_error],
+                                      arrivals=measured.arrivals)
             seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
             if decision.skipped is None:
                 decisions.append({"step": t, "effective_step": decision.effective_step,
@@ -595,8 +619,9 @@ def plot(results, path: str, labels=None):
             label="equal batch sizes")
     ax.set_ylabel("efficiency (ideal / step time)")
     ax.set_ylim(0, 1.05)
-    ax.set_title("%d ranks, B=%d, profile %s, noise %g%%"
-                 % (first.ranks, first.global_batch_size, first.profile, 100 * first.cluster["noise"]))
+    ax.set_title("%d ranks, B=%d, profile %s, noise %s"
+                 % (first.ranks, first.global_batch_size, first.profile,
+                    noise_label(first.cluster["noise"])))
     ax.legend(fontsize=7, loc="lower right")
     for res, label, ax in zip(results, labels, axes[1:]):
         for j, rank in enumerate(res.tracked_ranks):
@@ -705,10 +730,10 @@ def run(args) -> int:
     plot(results, png_path, labels=[name for name, _ in runs])
     for (name, _), res in zip(runs, results):
         s = res.summary()
-        print("%-9s %d ranks, B=%d, %s, noise %g: steady efficiency %.3f (same-noise %.3f), "
+        print("%-9s %d ranks, B=%d, %s, noise %s: steady efficiency %.3f (same-noise %.3f), "
               "speed-up vs equal %.2fx, %d adjustments in %d decisions, decide median %.2f ms, "
               "converged phases %s (max %s steps)"
-              % (name, s["ranks"], s["global_batch_size"], s["profile"], s["noise"],
+              % (name, s["ranks"], s["global_batch_size"], s["profile"], noise_label(s["noise"]),
                  s["steady"]["efficiency"], s["steady"]["efficiency_same_noise"],
                  s["steady"]["speedup_vs_equal"], s["adjustments"], s["decisions"],
                  s["decision_ms"]["median"], s["converged_phases"], s["max_steps_to_converge"]))

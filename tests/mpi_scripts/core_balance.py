@@ -7,6 +7,7 @@ tiny real forward/backward), so the true throughputs are known exactly.
 Usage: core_balance.py SPEEDS POLICY STEPS [FIXED_MS]
 Prints one line "BALANCE {json}" on rank 0.
 """
+import hashlib
 import json
 import sys
 import time
@@ -33,7 +34,7 @@ adjust = steps + 1 if policy == "none" else 10
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adjust,
                                policy={"none": "proportional", "tuned": "affine"}.get(policy,
                                                                                       policy),
-                               tune_split=policy == "tuned")
+                               tune_split=policy == "tuned", balance_arrivals=True)
 cb.on_train_begin()
 ends = []
 for step in range(steps):
@@ -46,6 +47,14 @@ for step in range(steps):
     cb.on_batch_end()
     ends.append(time.perf_counter())
 cb.on_train_end()
+
+# balance_arrivals=True (under sleeps it gains less than MIN_GAIN and keeps the split of
+# equal means): every rank gathered the same per-step times and so holds the same pool
+# and took the same decisions
+pool = cb.controller._arrivals.residuals()
+mine = (None if pool is None else hashlib.sha256(pool.tobytes()).hexdigest(),
+        json.dumps([h["new_sizes"] for h in cb.history]))
+everyone = hvd.allgather_object(mine)
 
 if rank == 0:
     x = [s / PER_SAMPLE for s in speeds[:size]]
@@ -60,4 +69,6 @@ if rank == 0:
         "efficiency": ideal / measured, "adjustments": len(changes), "change_steps": changes,
         "overhead_per_step_s": cb.overhead_per_step,
         "decision_s": max((h["decision_s"] for h in cb.history), default=0.0),
-        "tilts": [h.get("tilt") for h in cb.history]}))
+        "tilts": [h.get("tilt") for h in cb.history],
+        "arrival_rows": 0 if pool is None else len(pool),
+        "ranks_agree": all(e == everyone[0] for e in everyone)}))
