@@ -80,6 +80,10 @@ MIN_MOVE_GAIN = 0.001
 # sample or two away and gains less than the next window's noise. (On this
 # project's VM the gains replayed were 1-5%.)
 MIN_GAIN = 0.005
+# Rounds of the search at most (each moves samples or halves the step; each costs one
+# replay of the pooled steps, (steps x ranks)): a bound on a decision's cost on
+# thousands of ranks.
+MAX_ROUNDS = 256
 # Rows of the pool a rank must have a sample in, for its residuals to count (fewer:
 # the rank's column is taken as steady).
 MIN_SAMPLES = 3
@@ -216,14 +220,13 @@ def last_arrival_split(sizes, model, residuals, *, lo, hi, size_multiple: int = 
     start = best = expected_last_arrival(b, model, residuals)
     first = b.copy()
     step = max(k, (int(b.sum()) // (16 * n)) // k * k)
-    for _ in range(16 * n + 64):   # each round moves or halves the step
+    for _ in range(MAX_ROUNDS):   # each round moves or halves the step
         if step < k:
             break
         times = (model.intercept + model.slope * b) * scale
         last = np.argmax(times, axis=1)
         slowest = times[rows, last]
-        share = np.zeros(n)
-        np.add.at(share, last, scale[rows, last])
+        share = np.bincount(last, weights=scale[rows, last], minlength=n)
         marginal = model.slope * share       # d expected_last_arrival / d b_i, times steps
         donors = np.flatnonzero(b - step >= lo)
         takers = np.flatnonzero(b + step <= hi)
