@@ -39,7 +39,7 @@ import numpy as np
 from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
 from .errors import ConfigError
-from .timing import DEFAULT_SUMMARY, TimingWindow
+from .timing import DEFAULT_SUMMARY, TimingWindow, _valid
 from .tuning import TiltSearch
 
 __all__ = ["Cadence", "Decision", "Measurement", "close_window", "check_cadence"]
@@ -202,7 +202,7 @@ class Cadence:
         out = np.full((len(slots), lanes), np.nan)
         for row, value in zip(out, slots):
             row[:] = value
-        out = np.where(np.isfinite(out) & (out > 0), out, np.nan)
+        out = _valid(out)   # NaN where not finite and positive, as the window ignores
         return out[:, 0] if lanes == 1 and np.ndim(slots[0]) == 0 else out
 
     def gathers_at(self, step: int) -> bool:

@@ -880,7 +880,7 @@ class Controller:
             if valid and not self._significant(t * w, errors * w):
                 # the means are balanced within their noise: only the slowest
                 # arrival may still move the split, from where it is
-                new = self._for_last_arrival(b, b, t, pooled, w)
+                new = self._for_last_arrival(b, b, t, pooled, w, self._arrivals.residuals())
                 return _deadband(b, new, self.global_batch_size, self.lo, self.hi,
                                  self.deadband, self.size_multiple)
         new = self._solve(b, t, pooled, tilt, self.gain)
@@ -919,11 +919,10 @@ class Controller:
         model = self.model(pooled)
         return TimeModel(model.intercept * w, model.slope * w)
 
-    def _for_last_arrival(self, start, b, t, pooled: bool, w) -> list:
-        """``start`` moved for the slowest arrival of the pooled steps
-        (:func:`omnihvd.arrivals.last_arrival_split`; unchanged without them), within
-        the trust region around the measured sizes ``b``."""
-        residuals = self._arrivals.residuals()
+    def _for_last_arrival(self, start, b, t, pooled: bool, w, residuals) -> list:
+        """``start`` moved for the slowest arrival of the pooled steps ``residuals``
+        (:func:`omnihvd.arrivals.last_arrival_split`; unchanged when None), within the
+        trust region around the measured sizes ``b``."""
         if residuals is None:
             return [int(v) for v in start]
         lo, hi = self._trust_region(b)
@@ -938,8 +937,9 @@ class Controller:
         lo, hi = self._trust_region(b)  # feasible because b itself lies inside it
         w = tilt_weights(b, t, tilt)
         B, k = self.global_batch_size, self.size_multiple
+        residuals = self._arrivals.residuals()
         if self.policy == "proportional":
-            if self._arrivals.residuals() is None:   # the paper's controller, as it was
+            if residuals is None:   # the paper's controller, as it was
                 return rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi,
                                  gain=gain, deadband=0.0, size_multiple=k)
             new = rebalance(b, t * w, B, min_batch_size=lo, max_batch_size=hi, gain=1.0,
@@ -947,7 +947,7 @@ class Controller:
         else:
             new = solve_time_model(self._weighted_model(b, t, pooled, w), B,
                                    min_batch_size=lo, max_batch_size=hi, size_multiple=k)
-        new = self._for_last_arrival(new, b, t, pooled, w)
+        new = self._for_last_arrival(new, b, t, pooled, w, residuals)
         if gain != 1.0:  # partial step towards the solved split
             new = apportion(np.maximum(b + gain * (np.asarray(new) - b), 0.0), B, lo, hi, k)
         return new

@@ -44,7 +44,7 @@ __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered
 
 TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR = range(9)
 PAYLOAD_FIELDS = 9  # float64 per rank per adjustment
-ARRIVALS = 9        # with balance_arrivals: the first of ARRIVAL_STEPS more columns
+ARRIVALS = PAYLOAD_FIELDS  # with balance_arrivals: the first of ARRIVAL_STEPS more columns
 
 
 def digest(sizes: Sequence[int]) -> float:
