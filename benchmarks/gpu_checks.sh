@@ -4,8 +4,9 @@
 #   2. the same for a training step (forward + backward) at two batch sizes;
 #   3. gpu_ddp_check.py: DDP's timing boundary (the last bucket) follows the device too,
 #      and SyncBatchNorm is refused (NCCL world of one);
-#   4. gpu_ddp_balance.py: two ranks on the GPU, one with device work the host does not
-#      see; omnihvd moves samples away from it with device sync, not with host time;
+#   4. gpu_ddp_balance.py: rank 0 on the CPU, rank 1 alone on the GPU with device work
+#      the host does not see; omnihvd moves samples away from it with device sync, not
+#      with host time, and the step gets shorter;
 #   5. the single-process tests of the timing and DDP code on the GPU's torch.
 # Each part's output is saved under OUTDIR (default: $OUT when set, else ./gpu-checks);
 # the exit status is the number of parts that failed.

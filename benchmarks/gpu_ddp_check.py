@@ -6,8 +6,12 @@ the compute stream at the last bucket; its local time must therefore follow the
 device work. For two workloads (the same MLP at batch b and 4b) this script compares
 the ratio of the times omnihvd measures with the ratio CUDA events measure on the
 compute stream, and with a host-only timer (perf_counter, no synchronisation), and
-checks that SyncBatchNorm is refused. Passes when omnihvd's ratio is within 10% of
-the events' ratio. About a minute on one GPU::
+checks that SyncBatchNorm is refused (the error names the layer's class). Passes when
+omnihvd's ratio is within 10% of the events' ratio and the layer is refused. The
+host-only ratio is printed for comparison only: once omnihvd's hook waits for the
+compute stream at the last bucket, ``backward()`` itself returns after the device
+work, so a timer around it follows the device too (it did on an H200, 2026-12-04).
+About a minute on one GPU::
 
     .venv/bin/python benchmarks/gpu_ddp_check.py     # prints GPU-DDP-CHECK {json}
 

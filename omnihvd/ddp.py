@@ -234,13 +234,6 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                               "and omnihvd's applies the batch-size weights: register none of "
                               "your own" % ", ".join(getattr(h, "__name__", repr(h))
                                                      for h, _ in hooks))
-        import torch
-
-        if any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
-            raise ConfigError("the model has torch.nn.SyncBatchNorm layers: their collectives in "
-                              "forward and backward make every rank wait inside the timed "
-                              "window, and their statistics gradients are not per-rank means, "
-                              "so the weighting would not be exact; use BatchNorm or GroupNorm")
         if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
             log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
                         "(broadcast_buffers=True), a collective inside the timed window; pass "

@@ -55,8 +55,8 @@ def check_no_sync_batchnorm(model):
             layer; the message names the layers and the fix.
     """
     sync = _sync_types()
-    names = [name or "(the model itself)" for name, m in model.named_modules()
-             if isinstance(m, sync)]
+    names = ["%s: %s" % (name or "the model itself", type(m).__name__)
+             for name, m in model.named_modules() if isinstance(m, sync)]
     if names:
         raise ConfigError(
             "the model has synchronised batch normalisation (%s): its collectives make every "

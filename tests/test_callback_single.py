@@ -427,7 +427,7 @@ def test_synchronised_batchnorm_is_refused_with_the_fix(sync):
     with pytest.raises(ConfigError) as info:
         build_with(model)
     message = str(info.value)
-    assert "synchronised batch normalisation (1)" in message, message
+    assert "synchronised batch normalisation (1: SyncBatchNorm)" in message, message
     assert "torch.nn.BatchNorm1d" in message and "GroupNorm" in message, message
 
 

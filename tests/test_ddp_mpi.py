@@ -75,8 +75,7 @@ def test_gpu_balance_check_runs_its_plumbing_on_the_cpu():
     # benchmarks/gpu_ddp_balance.py as a GPU lease would run it, on the CPU: both runs
     # (device_sync "auto" and None) train, decide and end; their splits keep the batch.
     script = os.path.join(os.path.dirname(HERE), "..", "benchmarks", "gpu_ddp_balance.py")
-    out = torchrun(2, script, "--device", "cpu", "--global-batch", 64, "--steps", 30,
-                   "--extra", 2).stdout
+    out = torchrun(2, script, "--device", "cpu", "--global-batch", 64, "--steps", 30).stdout
     line = [l for l in out.splitlines() if l.startswith("RESULT ")]
     assert line, out[-4000:]
     runs = json.loads(line[0][len("RESULT "):])

@@ -61,15 +61,18 @@ def test_both_workloads_have_two_sizes_the_smaller_first():
         assert callable(build) and len(sizes) == 2 and sizes[0] < sizes[1]
 
 
-@pytest.mark.parametrize("auto, host, passed", [
-    (400, 1024, True),     # 19.5% of the batch against 50%
-    (921, 1024, True),     # 44.97%, 5.03% below
-    (922, 1024, False),    # 45.02%: more than 45%
-    (900, 950, False),     # 43.9%, but only 2.4% below host time only
+@pytest.mark.parametrize("auto, host, auto_ms, passed", [
+    (400, 1024, 20.0, True),     # 19.5% of the batch against 50%
+    (921, 1024, 20.0, True),     # 44.97%, 5.03% below
+    (922, 1024, 20.0, False),    # 45.02%: more than 45%
+    (900, 950, 20.0, False),     # 43.9%, but only 2.4% below host time only
+    (400, 1024, 30.0, False),    # the split moved, but the step got no shorter
 ])
-def test_balance_verdict_needs_a_clear_shift_away_from_the_slow_device(auto, host, passed):
+def test_balance_verdict_needs_a_clear_shift_away_from_the_slow_device(auto, host, auto_ms,
+                                                                       passed):
     B = 2048
-    results = {"auto": {"sizes": [B - auto, auto]}, "host": {"sizes": [B - host, host]}}
+    results = {"auto": {"sizes": [B - auto, auto], "median_step_ms": auto_ms},
+               "host": {"sizes": [B - host, host], "median_step_ms": 30.0}}
     ok, line = balance.verdict(results, B)
     assert ok is passed and line.startswith("PASS" if passed else "FAIL")
 
