@@ -415,6 +415,8 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         placer = Placer(pids, tag, args.period_us, args.available)
         placer.apply(phases[0])
         changes.append({"phase": 0, "t": time.time() - started})
+        starts = phase_starts(len(phases), epochs,
+                              len(split) if mode == "alternate" else None)
         next_phase, deadline = 1, started + args.run_timeout
         rank_cpu, rank_threads, threads_read = [0.0] * n, [{} for _ in pids], 0.0
         reniced = [set() for _ in pids]
@@ -435,10 +437,10 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
             with epoch_seen:
                 epoch_seen.wait(0.05)
                 done = [int(m.group(1)) for m in map(EPOCH_LINE.match, lines) if m]
-            if next_phase < len(phases) and done and max(done) >= next_phase - 1:
+            if next_phase < len(phases) and done and max(done) >= starts[next_phase - 1]:
                 placer.apply(phases[next_phase])
                 changes.append({"phase": next_phase, "t": time.time() - started,
-                                "after_epoch": next_phase - 1})
+                                "after_epoch": starts[next_phase - 1]})
                 next_phase += 1
         if proc.poll() is None:
             error = "timed out after %d s" % args.run_timeout
@@ -534,7 +536,9 @@ def run_scenario(args, name: str, spec: str) -> dict:
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
     if "alternate" in args.modes:
-        turns = args.turns + candidates
+        # --equal-turn: plain Horovod's split as a fixed turn, timed in the same launch
+        equal = [apportion([1.0] * n, B)] if args.equal_turn else []
+        turns = args.turns + equal + candidates
         check_alternation(len(phases), len(turns), args.epochs, args.steps, args.launcher)
         modes.append(("alternate", turns))
     runs = []
@@ -564,28 +568,53 @@ def run_scenario(args, name: str, spec: str) -> dict:
 
 def check_alternation(num_phases: int, num_turns: int, epochs: Optional[int],
                       steps: Optional[int], launcher: str = "mpirun") -> None:
-    """Mode ``alternate`` needs one phase, epochs of a fixed length, Horovod (mpirun),
-    and as many epochs for every turn: a first round (a warm-up, left out) and at
-    least one more.
+    """Mode ``alternate`` needs epochs of a fixed length, Horovod (mpirun), and as
+    many epochs for every turn: a first round (a warm-up, left out), then as many
+    rounds in each phase of the placement, at least one (``phase_starts``).
 
     >>> check_alternation(1, 3, 6, 100)
+    >>> check_alternation(2, 3, 9, 100)     # warm-up, one round per phase
     >>> check_alternation(1, 3, 5, 100)
     Traceback (most recent call last):
     ...
-    SystemExit: --modes alternate: each of the 3 turns needs as many epochs, a first round (left out) and more: --epochs a multiple of 3 from 6, not 5
+    SystemExit: --modes alternate: each of the 3 turns needs as many epochs, a first round (left out) and as many rounds in each of 1 phase(s): --epochs 3 x (1 + 1 x m), m >= 1 (6, 9, ...), not 5
     """
-    if num_phases != 1:
-        raise SystemExit("--modes alternate compares turns within one launch: not with a "
-                         "scenario whose placement changes mid-run")
     if launcher != "mpirun":
         raise SystemExit("--modes alternate runs benchmarks/train_turns.py, a Horovod script: "
                          "use --launcher mpirun")
     if not steps:
         raise SystemExit("--modes alternate needs epochs of a fixed length: --steps N")
-    if epochs is None or epochs < 2 * num_turns or epochs % num_turns:
-        raise SystemExit("--modes alternate: each of the %d turns needs as many epochs, a first "
-                         "round (left out) and more: --epochs a multiple of %d from %d, not %s"
-                         % (num_turns, num_turns, 2 * num_turns, epochs))
+    rounds = (epochs or 0) // num_turns - 1
+    if (epochs is None or epochs % num_turns or rounds < num_phases
+            or rounds % num_phases):
+        raise SystemExit(
+            "--modes alternate: each of the %d turns needs as many epochs, a first round "
+            "(left out) and as many rounds in each of %d phase(s): --epochs %d x (1 + %d x m), "
+            "m >= 1 (%d, %d, ...), not %s"
+            % (num_turns, num_phases, num_turns, num_phases, num_turns * (1 + num_phases),
+               num_turns * (1 + 2 * num_phases), epochs))
+
+
+def phase_starts(num_phases: int, epochs: int, num_turns: Optional[int] = None) -> List[int]:
+    """After which epoch each phase after the first begins.
+
+    One phase per epoch boundary (phase i after epoch i-1, the last to the end); with
+    ``num_turns`` (mode ``alternate``) the rounds of turns after the warm-up round are
+    shared out equally: phase i begins after ``i`` such shares, so every turn runs as
+    many epochs in each phase, and the balancing turns meet each change from where
+    the other phase left them.
+
+    >>> phase_starts(2, 3)
+    [0]
+    >>> phase_starts(2, 15, num_turns=3)   # warm-up round + 2 rounds per phase
+    [8]
+    >>> phase_starts(1, 6, num_turns=3)
+    []
+    """
+    if num_turns is None:
+        return list(range(num_phases - 1))
+    per_phase = (epochs // num_turns - 1) // num_phases
+    return [num_turns * (1 + i * per_phase) - 1 for i in range(1, num_phases)]
 
 
 def alternation(runs: List[dict]) -> Optional[dict]:
@@ -595,7 +624,9 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     balancing turns of ``--turns``, omnihvd by default, then the candidate splits, the
     order rotated over repeats); the first round
     of k epochs is a warm-up (omnihvd converges there) and left out. Per launch and
-    turn: the median time of its epochs. Paired within one launch, the turns share
+    turn: the median time of its epochs; when the placement changed during the launch
+    (``changes``: more than its first phase), the mean, so that each turn's epochs
+    after a change (omnihvd re-settling) count as they cost. Paired within one launch, the turns share
     whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
     slow mode"), which across launches moves a split's time by up to 2x here. Per
     turn: the median over launches of its time over the first turn's in the same
@@ -629,7 +660,8 @@ def alternation(runs: List[dict]) -> Optional[dict]:
         for e, epoch in enumerate(r["epochs"]):
             if e >= len(order):   # the first round is a warm-up
                 by_turn.setdefault(order[e % len(order)], []).append(epoch["seconds"])
-        per_launch.append([statistics.median(by_turn[key(t)]) for t in turns])
+        average = statistics.mean if len(r.get("changes", ())) > 1 else statistics.median
+        per_launch.append([average(by_turn[key(t)]) for t in turns])
     ratios = [[t / times[0] for t in times] for times in per_launch]
     return {"turns": turns, "launches": len(done), "per_launch": per_launch,
             "first_over": [round(statistics.median(col), 3) for col in zip(*ratios)],
@@ -941,7 +973,8 @@ def markdown(doc) -> str:
     alternated = [s for s in doc["scenarios"] if s.get("alternation")]
     if alternated:
         out += ["", "omnihvd and fixed splits taking turns by epoch in one launch (mode "
-                "`alternate`, benchmarks/train_turns.py; the first round of epochs left out): "
+                "`alternate`, benchmarks/train_turns.py; the first round of epochs left out; "
+                "with a mid-run change, each turn's mean epoch over both phases): "
                 "per turn, the median over launches of the first turn's (omnihvd's) throughput "
                 "over the turn's in the same launch (its time over the first's), a 95% interval "
                 "over launches, and the launches in which the turn was the fastest:", "",
@@ -998,6 +1031,9 @@ def parse_args(argv=None):
                    help="--modes alternate: the balancing turns before the fixed splits, "
                         "omnihvd, tuned, arrivals and/or means (default omnihvd; the first "
                         "is the reference)")
+    p.add_argument("--equal-turn", action="store_true",
+                   help="--modes alternate: also the equal split (plain Horovod's) as a fixed "
+                        "turn, after the balancing turns")
     p.add_argument("--lambdas", default="0.8,1,1.2,1.4",
                    help="fixed splits: equal + lambda * (proportional to shares - equal)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")

@@ -115,12 +115,50 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
     assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 |" in realhet.markdown(doc)
     with pytest.raises(SystemExit):   # argparse: --turns names balancing turns only
         realhet.parse_args(["--modes", "alternate", "--turns", "omnihvd,plain"])
-    with pytest.raises(SystemExit, match="--epochs a multiple of 3 from 6, not 5"):
+    with pytest.raises(SystemExit, match=r"--epochs 3 x \(1 \+ 1 x m\), m >= 1 \(6, 9, ...\), not 5"):
         args.epochs = 5
         realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
-    with pytest.raises(SystemExit, match="placement changes mid-run"):
+    with pytest.raises(SystemExit, match=r"as many rounds in each of 2 phase\(s\).*\(12, 20, ...\), not 6"):
         args.epochs = 6
         realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
+
+
+def test_alternate_with_a_mid_run_change_compares_whole_runs(monkeypatch, tmp_path):
+    # 2:1:1 -> 1:2:1, turns omnihvd, the equal split and the candidates: the change comes
+    # after the warm-up round and half the others; per launch a turn counts the mean of
+    # its epochs, so omnihvd's slow epoch after the change (re-settling) is not dropped.
+    seen = []
+
+    def fake_run(args, phases, mode, split, tag):
+        seen.append(split)
+        k = len(split)
+        starts = realhet.phase_starts(len(phases), args.epochs, k)
+        seconds = [1.0] * args.epochs
+        first_after = starts[0] + 1 + split.index("omnihvd")
+        seconds[first_after] = 1.5   # omnihvd's first epoch in the new placement
+        for e in range(k, args.epochs):   # the equal split: 10% slower throughout
+            if split[e % k] == [64, 64, 64]:
+                seconds[e] = 1.1
+        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "steal_s": 0.0,
+                "measured_s": 1.0, "final_sizes": [64, 64, 64],
+                "changes": [{"phase": 0}, {"phase": 1, "after_epoch": starts[0]}],
+                "epochs": [{"seconds": t} for t in seconds]}
+
+    monkeypatch.setattr(realhet, "run_once", fake_run)
+    args = realhet.parse_args(["--modes", "alternate", "--repeats", "3", "--lambdas", "1",
+                               "--equal-turn", "--epochs", "20", "--steps", "10",
+                               "--out", str(tmp_path / "r")])
+    args.available = [0, 1]
+    result = realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
+    # omnihvd, equal, phase B's proportional split, phase A's proportional split
+    assert seen[0] == ["omnihvd", [64, 64, 64], [48, 96, 48], [96, 48, 48]]
+    assert realhet.phase_starts(2, 20, 4) == [11]   # warm-up 0-3, phase A 4-11, B 12-19
+    alt = result["alternation"]
+    # omnihvd: 1.0, 1.0 in phase A, then 1.5 (re-settling) and 1.0 in phase B: mean
+    # 1.125, where the median (1.0) would drop the cost of the change
+    assert alt["per_launch"][0][:2] == [1.125, 1.1]
+    assert alt["first_over"][1] == pytest.approx(1.1 / 1.125, abs=1e-3)
+    assert alt["fastest"][:2] == [0, 0]   # the proportional splits lose nothing here
 
 
 def test_the_harness_docstring_examples():
