@@ -626,8 +626,8 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     of k epochs is a warm-up (omnihvd converges there) and left out. Per launch and
     turn: the median time of its epochs; when the placement changed during the launch
     (``changes``: more than its first phase), the mean, so that each turn's epochs
-    after a change (omnihvd re-settling) count as they cost. Paired within one launch, the turns share
-    whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
+    after a change (omnihvd re-settling) count as they cost. Paired within one launch,
+    the turns share whatever makes a launch fast or slow (docs/cpu-quotas.rst, "Runs in a fast or a
     slow mode"), which across launches moves a split's time by up to 2x here. Per
     turn: the median over launches of its time over the first turn's in the same
     launch (``first_over``: the first turn's throughput over it, omnihvd's over a fixed

@@ -8,7 +8,10 @@ epoch left it), ``tuned`` (the same with ``tune_split=True``, the example's ``--
 tuned``), ``arrivals`` (the same with ``balance_arrivals=True``), ``means`` (the
 same with ``balance_arrivals=False``: equal mean local times, the default since
 2026-12-04 and so ``omnihvd`` again) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and weighting,
-balancing off, like the example's ``--mode fixed``). Each turn has its own
+balancing off, like the example's ``--mode fixed``), or ``gathered:`` and a split:
+that split held by ``min_batch_size = max_batch_size = split`` while the callback's
+windows, gathers and decisions run as with balancing on (what balancing costs apart
+from where it puts the split). Each turn has its own
 callback, sampler and loader; a turn's callback is started for its epoch and ended
 after it (``on_train_begin``/``on_train_end``), so the model and optimizer go on
 while each turn's state waits for its next epoch.
@@ -45,22 +48,38 @@ from train_fashion_mnist import evaluate  # noqa: E402
 # turns that balance: their options
 BALANCING = {"omnihvd": {}, "tuned": {"tune_split": True},
              "arrivals": {"balance_arrivals": True}, "means": {"balance_arrivals": False}}
+GATHERED = "gathered:"
 
 
 def parse_turns(text):
     """``omnihvd/26,25,13,192`` -> ``["omnihvd", [26, 25, 13, 192]]``.
 
-    >>> parse_turns("omnihvd/tuned/3,1")
-    ['omnihvd', 'tuned', [3, 1]]
+    >>> parse_turns("omnihvd/tuned/3,1/gathered:3,1")
+    ['omnihvd', 'tuned', [3, 1], 'gathered:3,1']
     """
-    return [t if t in BALANCING else [int(v) for v in t.split(",")] for t in text.split("/")]
+    return [t if t in BALANCING or t.startswith(GATHERED) else [int(v) for v in t.split(",")]
+            for t in text.split("/")]
+
+
+def turn_options(turn):
+    """The callback's options for a turn.
+
+    >>> turn_options("gathered:3,1")["max_batch_size"], turn_options([3, 1])["adjust_every"]
+    ([3, 1], 4611686018427387904)
+    """
+    if isinstance(turn, list):   # a fixed split: no window ever closes
+        return dict(initial_batch_sizes=turn, adjust_every=2 ** 62)
+    if turn.startswith(GATHERED):   # the split held by its bounds, windows running
+        split = [int(v) for v in turn[len(GATHERED):].split(",")]
+        return dict(initial_batch_sizes=split, min_batch_size=split, max_batch_size=split)
+    return BALANCING[turn]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", required=True,
-                   help="turns joined by /: omnihvd, tuned, arrivals, means or a split "
-                        "such as 26,25,13,192")
+                   help="turns joined by /: omnihvd, tuned, arrivals, means, a split "
+                        "such as 26,25,13,192 or gathered:26,25,13,192")
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="steps per epoch")
     p.add_argument("--global-batch-size", type=int, default=256)
@@ -87,10 +106,8 @@ def main():
 
     turns = []
     for turn in args.turns:
-        options = (BALANCING[turn] if isinstance(turn, str)
-                   else dict(initial_batch_sizes=turn, adjust_every=2 ** 62))
         cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,
-                                       **options)
+                                       **turn_options(turn))
         sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)
         turns.append((cb, sampler, torch.utils.data.DataLoader(train, batch_sampler=sampler)))
 

@@ -38,16 +38,19 @@ def test_example_modes_end_cleanly(mode, sizes):
 
 def test_turns_of_omnihvd_and_a_fixed_split_share_one_launch():
     # benchmarks/train_turns.py (realhet --modes alternate): epoch e trains with turn
-    # e mod 2; the fixed turn keeps its split, omnihvd keeps the global batch, and the
-    # callbacks started and ended around each epoch leave nothing behind at exit.
+    # e mod 3; the fixed turn keeps its split, and so does the gathered one, whose
+    # windows close (every 20 steps) with its bounds holding the split; omnihvd keeps
+    # the global batch, and the callbacks started and ended around each epoch leave
+    # nothing behind at exit.
     proc = mpirun(3, os.path.join(ROOT, "benchmarks", "train_turns.py"), "--turns",
-                  "omnihvd/24,12,12", "--epochs", "4", "--steps", "10",
+                  "omnihvd/24,12,12/gathered:20,14,14", "--epochs", "6", "--steps", "10",
                   "--global-batch-size", "48", timeout=300)
     ends = re.findall(r"^epoch (\d): [\d.]+ s, test accuracy [\d.]+, batch sizes \[(.*)\]",
                       proc.stdout, re.M)
     sizes = [[int(v) for v in text.split(",")] for _, text in ends]
-    assert [int(e) for e, _ in ends] == [0, 1, 2, 3], proc.stdout[-3000:]
-    assert sizes[1] == sizes[3] == [24, 12, 12] and sum(sizes[0]) == sum(sizes[2]) == 48
+    assert [int(e) for e, _ in ends] == list(range(6)), proc.stdout[-3000:]
+    assert sizes[1] == sizes[4] == [24, 12, 12] and sum(sizes[0]) == sum(sizes[3]) == 48
+    assert sizes[2] == sizes[5] == [20, 14, 14]
     assert "MPI_FINALIZE" not in proc.stdout
 
 

@@ -115,10 +115,12 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
     assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 |" in realhet.markdown(doc)
     with pytest.raises(SystemExit):   # argparse: --turns names balancing turns only
         realhet.parse_args(["--modes", "alternate", "--turns", "omnihvd,plain"])
-    with pytest.raises(SystemExit, match=r"--epochs 3 x \(1 \+ 1 x m\), m >= 1 \(6, 9, ...\), not 5"):
+    one_phase = r"--epochs 3 x \(1 \+ 1 x m\), m >= 1 \(6, 9, ...\), not 5"
+    with pytest.raises(SystemExit, match=one_phase):
         args.epochs = 5
         realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
-    with pytest.raises(SystemExit, match=r"as many rounds in each of 2 phase\(s\).*\(12, 20, ...\), not 6"):
+    two_phases = r"as many rounds in each of 2 phase\(s\).*\(12, 20, ...\), not 6"
+    with pytest.raises(SystemExit, match=two_phases):
         args.epochs = 6
         realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
 
