@@ -1029,8 +1029,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-per-rank", type=int, default=64, help="global batch = this * ranks")
     p.add_argument("--turns", default="omnihvd",
                    help="--modes alternate: the balancing turns before the fixed splits, "
-                        "omnihvd, tuned, arrivals and/or means (default omnihvd; the first "
-                        "is the reference)")
+                        "omnihvd, tuned, arrivals and/or means, each with options after "
+                        "colons (omnihvd:adjust_every=50) (default omnihvd; the first is the "
+                        "reference)")
     p.add_argument("--equal-turn", action="store_true",
                    help="--modes alternate: also the equal split (plain Horovod's) as a fixed "
                         "turn, after the balancing turns")
@@ -1075,9 +1076,10 @@ def parse_args(argv=None):
         p.error("unknown modes %s" % sorted(bad))
     args.lambdas = [float(v) for v in args.lambdas.split(",")]
     args.turns = [t for t in args.turns.split(",") if t]
-    if not args.turns or set(args.turns) - {"omnihvd", "tuned", "arrivals", "means"}:
-        p.error("--turns takes omnihvd, tuned, arrivals and/or means, got %r"
-                % ",".join(args.turns))
+    if not args.turns or {t.split(":")[0] for t in args.turns} - {"omnihvd", "tuned",
+                                                                     "arrivals", "means"}:
+        p.error("--turns takes omnihvd, tuned, arrivals and/or means (options after colons: "
+                "omnihvd:adjust_every=50), got %r" % ",".join(args.turns))
     args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] +
                             [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
     args.code = os.path.abspath(args.code)

@@ -11,7 +11,8 @@ same with ``balance_arrivals=False``: equal mean local times, the default since
 balancing off, like the example's ``--mode fixed``), or ``gathered:`` and a split:
 that split held by ``min_batch_size = max_batch_size = split`` while the callback's
 windows, gathers and decisions run as with balancing on (what balancing costs apart
-from where it puts the split). Each turn has its own
+from where it puts the split). A balancing turn takes options after colons:
+``omnihvd:adjust_every=50:gain=0.5``. Each turn has its own
 callback, sampler and loader; a turn's callback is started for its epoch and ended
 after it (``on_train_begin``/``on_train_end``), so the model and optimizer go on
 while each turn's state waits for its next epoch.
@@ -54,11 +55,11 @@ GATHERED = "gathered:"
 def parse_turns(text):
     """``omnihvd/26,25,13,192`` -> ``["omnihvd", [26, 25, 13, 192]]``.
 
-    >>> parse_turns("omnihvd/tuned/3,1/gathered:3,1")
-    ['omnihvd', 'tuned', [3, 1], 'gathered:3,1']
+    >>> parse_turns("omnihvd/tuned/3,1/gathered:3,1/omnihvd:gain=0.5")
+    ['omnihvd', 'tuned', [3, 1], 'gathered:3,1', 'omnihvd:gain=0.5']
     """
-    return [t if t in BALANCING or t.startswith(GATHERED) else [int(v) for v in t.split(",")]
-            for t in text.split("/")]
+    return [t if t.split(":")[0] in BALANCING or t.startswith(GATHERED)
+            else [int(v) for v in t.split(",")] for t in text.split("/")]
 
 
 def turn_options(turn):
@@ -66,20 +67,28 @@ def turn_options(turn):
 
     >>> turn_options("gathered:3,1")["max_batch_size"], turn_options([3, 1])["adjust_every"]
     ([3, 1], 4611686018427387904)
+    >>> turn_options("arrivals:adjust_every=50:gain=0.5")
+    {'balance_arrivals': True, 'adjust_every': 50, 'gain': 0.5}
     """
     if isinstance(turn, list):   # a fixed split: no window ever closes
         return dict(initial_batch_sizes=turn, adjust_every=2 ** 62)
     if turn.startswith(GATHERED):   # the split held by its bounds, windows running
         split = [int(v) for v in turn[len(GATHERED):].split(",")]
         return dict(initial_batch_sizes=split, min_batch_size=split, max_batch_size=split)
-    return BALANCING[turn]
+    name, *overrides = turn.split(":")   # a balancing turn, options overridden
+    options = dict(BALANCING[name])
+    for item in overrides:
+        key, value = item.split("=")
+        options[key] = int(value) if value.isdigit() else float(value)
+    return options
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", required=True,
-                   help="turns joined by /: omnihvd, tuned, arrivals, means, a split "
-                        "such as 26,25,13,192 or gathered:26,25,13,192")
+                   help="turns joined by /: omnihvd, tuned, arrivals, means (each with "
+                        "options after colons, omnihvd:adjust_every=50), a split such as "
+                        "26,25,13,192 or gathered:26,25,13,192")
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="steps per epoch")
     p.add_argument("--global-batch-size", type=int, default=256)

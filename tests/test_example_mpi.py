@@ -54,6 +54,14 @@ def test_turns_of_omnihvd_and_a_fixed_split_share_one_launch():
     assert "MPI_FINALIZE" not in proc.stdout
 
 
+def test_train_turns_docstring_examples():
+    # the turn syntax: fixed splits, gathered:SPLIT, balancing turns with options
+    import doctest
+    import train_turns
+    failed, attempted = doctest.testmod(train_turns, verbose=False)
+    assert attempted >= 3 and failed == 0
+
+
 def test_example_records_the_step_anatomy(tmp_path):
     """OMNIHVD_EXAMPLE_ANATOMY: every rank writes its steps, and the timestamps nest
     (a step's period holds its body before step() and its time inside step())."""

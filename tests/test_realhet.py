@@ -115,6 +115,10 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
     assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 |" in realhet.markdown(doc)
     with pytest.raises(SystemExit):   # argparse: --turns names balancing turns only
         realhet.parse_args(["--modes", "alternate", "--turns", "omnihvd,plain"])
+    with pytest.raises(SystemExit):
+        realhet.parse_args(["--modes", "alternate", "--turns", "plain:gain=0.5"])
+    assert realhet.parse_args(["--turns", "omnihvd,omnihvd:adjust_every=50:gain=0.5"]).turns == [
+        "omnihvd", "omnihvd:adjust_every=50:gain=0.5"]   # options after colons
     one_phase = r"--epochs 3 x \(1 \+ 1 x m\), m >= 1 \(6, 9, ...\), not 5"
     with pytest.raises(SystemExit, match=one_phase):
         args.epochs = 5
