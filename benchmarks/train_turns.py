@@ -7,8 +7,9 @@ taking turns: epoch e trains with turn ``e mod k`` of ``--turns``. A turn is
 epoch left it), ``tuned`` (the same with ``tune_split=True``, the example's ``--mode
 tuned``), ``arrivals`` (the same with ``balance_arrivals=True``), ``means`` (the
 same with ``balance_arrivals=False``: equal mean local times, the default since
-2026-12-04 and so ``omnihvd`` again) or a fixed split such as ``26,25,13,192`` (omnihvd's sampler and weighting,
-balancing off, like the example's ``--mode fixed``), or ``gathered:`` and a split:
+2026-12-04 and so ``omnihvd`` again), a fixed split such as ``26,25,13,192``
+(omnihvd's sampler and weighting, balancing off, like the example's ``--mode
+fixed``), or ``gathered:`` and a split:
 that split held by ``min_batch_size = max_batch_size = split`` while the callback's
 windows, gathers and decisions run as with balancing on (what balancing costs apart
 from where it puts the split). A balancing turn takes options after colons:
@@ -67,8 +68,8 @@ def turn_options(turn):
 
     >>> turn_options("gathered:3,1")["max_batch_size"], turn_options([3, 1])["adjust_every"]
     ([3, 1], 4611686018427387904)
-    >>> turn_options("arrivals:adjust_every=50:gain=0.5")
-    {'balance_arrivals': True, 'adjust_every': 50, 'gain': 0.5}
+    >>> turn_options("arrivals:adjust_every=50:gain=0.5:nonblocking=False")
+    {'balance_arrivals': True, 'adjust_every': 50, 'gain': 0.5, 'nonblocking': False}
     """
     if isinstance(turn, list):   # a fixed split: no window ever closes
         return dict(initial_batch_sizes=turn, adjust_every=2 ** 62)
@@ -79,7 +80,8 @@ def turn_options(turn):
     options = dict(BALANCING[name])
     for item in overrides:
         key, value = item.split("=")
-        options[key] = int(value) if value.isdigit() else float(value)
+        options[key] = ({"True": True, "False": False}[value] if value in ("True", "False")
+                        else int(value) if value.isdigit() else float(value))
     return options
 
 
