@@ -201,12 +201,15 @@ def main(argv=None):
                for option in ("auto", None)}
     code = 0
     if rank == 0:
+        if args.device == "cuda":
+            slower = args.slow_factor
+            where = "on the GPU, %g times slower per sample" % slower
+        else:
+            where, slower = "on the CPU too (plumbing only)", 1.0
         print("gpu_ddp_balance: global batch %d; rank 0 on the CPU, %.1f us per sample; "
               "rank %d %s; with equal local times rank %d would get about %.0f%%"
-              % (args.global_batch, 1e6 * float(cpu_cost[0]), SLOW_RANK,
-                 "on the GPU, %g times slower per sample" % args.slow_factor
-                 if args.device == "cuda" else "on the CPU too (plumbing only)", SLOW_RANK,
-                 100 / (1 + (args.slow_factor if args.device == "cuda" else 1))))
+              % (args.global_batch, 1e6 * float(cpu_cost[0]), SLOW_RANK, where, SLOW_RANK,
+                 100 / (1 + slower)))
         print("RESULT " + json.dumps(results))
         if args.device == "cuda":
             passed, line = verdict(results, args.global_batch)
