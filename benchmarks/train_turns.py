@@ -21,7 +21,9 @@ while each turn's state waits for its next epoch.
 Why: on a shared VM a launch runs in a fast or a slow mode that moves the same
 split's time by up to 2x (docs/cpu-quotas.rst); turns in one launch share its mode,
 so their times compare within the launch. ``benchmarks/realhet.py --modes alternate``
-runs it under real heterogeneity. Rank 0 prints the example's line per epoch::
+runs it under real heterogeneity. With ``OMNIHVD_STEP_TIMESTAMPS=FOLDER`` every rank
+also records each step's moments there (``benchmarks/release_lags.py``). Rank 0
+prints the example's line per epoch::
 
     mpirun -np 4 python benchmarks/train_turns.py --turns omnihvd/26,25,13,192 \\
         --epochs 8 --steps 100 --global-batch-size 256
@@ -44,6 +46,7 @@ from omnihvd.tools.data import fashion_mnist  # noqa: E402
 from omnihvd.tools.models import SmallCNN  # noqa: E402
 
 from example_args import end_epoch  # noqa: E402
+from release_lags import StepTimestamps  # noqa: E402
 from train_fashion_mnist import evaluate  # noqa: E402
 
 
@@ -96,6 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--global-batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.05)
     args = p.parse_args(argv)
+    args.turns_text = args.turns.split("/")   # each turn as given, for records
     args.turns = parse_turns(args.turns)
     args.checkpoint = None   # for example_args.end_epoch
     return args
@@ -114,6 +118,7 @@ def main():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    stamps = StepTimestamps(opt, hvd.rank())   # off unless OMNIHVD_STEP_TIMESTAMPS is set
 
     turns = []
     for turn in args.turns:
@@ -131,12 +136,16 @@ def main():
         hvd.barrier()
         t0 = time.perf_counter()
         for x, y in loader:
+            stamps.begin(len(y))
             cb.on_batch_begin()
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
+            stamps.before_step()
             opt.step()
+            stamps.after_step(cb)
             cb.on_batch_end()
         cb.on_epoch_end(epoch)
+        stamps.end_epoch(epoch, args.turns_text[epoch % len(turns)])
         seconds = time.perf_counter() - t0
         cb.on_train_end()   # this turn waits for its next epoch
         end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt, sampler,

@@ -9,8 +9,8 @@ balancer on server 0, the simulator -- runs this rhythm:
 2. **gather**: the step that ends every ``adjust_every``-th window
    (:meth:`Cadence.gathers_at`) closes it (:func:`close_window`: time, standard
    error, sample count, then an empty window; with ``arrivals``, also the local time
-   of each of the window's last steps, aligned by step) and the ranks exchange their
-   measurements. The synchronous callback posts the allgather at that step's wait
+   of each of the window's last steps, and with ``releases`` the moment each step's
+   synchronize returned, aligned by step) and the ranks exchange their measurements. The synchronous callback posts the allgather at that step's wait
    boundary (its local time is final there) and completes it at the same step's end;
 3. **decide**: every rank runs :meth:`Cadence.decide` on the same gathered numbers,
    so every rank reaches the same verdict: nothing while a change is pending (its
@@ -38,6 +38,7 @@ import numpy as np
 
 from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
+from .lags import release_lags
 from .errors import ConfigError
 from .timing import DEFAULT_SUMMARY, TimingWindow, _valid
 from .tuning import TiltSearch
@@ -56,6 +57,9 @@ class Measurement(NamedTuple):
     # local time of each of the window's last steps (NaN: none), aligned by step on
     # every rank: (steps,), or (steps, lanes); None when not kept
     arrivals: Optional[np.ndarray] = None
+    # the same steps' release times: when the gradients' synchronize returned, on the
+    # machine's monotonic clock (omnihvd.lags)
+    releases: Optional[np.ndarray] = None
 
 
 class Decision(NamedTuple):
@@ -125,6 +129,9 @@ class Cadence:
             left out), for the split for the slowest arrival
             (:mod:`omnihvd.arrivals`; the gathered table goes to :meth:`decide`).
             For synchronous training, where a step waits for its last rank.
+        releases: also keep each step's release time (:meth:`record_release`),
+            aligned by step like ``arrivals``, for each rank's release lag
+            (:mod:`omnihvd.lags`; the gathered table goes to :meth:`decide`).
 
     Raises:
         ConfigError: malformed options.
@@ -132,7 +139,7 @@ class Cadence:
 
     def __init__(self, controller, *, adjust_every: int = 20, settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, tune_split: bool = False,
-                 arrivals: bool = False):
+                 arrivals: bool = False, releases: bool = False):
         check_cadence(adjust_every, settle_steps)
         self.controller = controller
         self.adjust_every = int(adjust_every)
@@ -144,10 +151,12 @@ class Cadence:
         self.periods = TimingWindow(self.settle_steps, "median") if tune_split else None
         self._window_sizes: Optional[List[int]] = None
         self._window_key = None
-        # each step's local time since the window opened (NaN: none), or None when
-        # not kept; steps since the sizes changed (the first settle_steps are left out)
-        self._arrivals: Optional[list] = [] if arrivals else None
-        self._since_change = 0
+        # per-step series kept since the window opened, one slot per step (NaN: none),
+        # the first settle_steps after a change of sizes left out: "arrivals" (local
+        # times) and "releases", as asked for
+        self._series = {name: [] for name, kept in (("arrivals", arrivals),
+                                                     ("releases", releases)) if kept}
+        self._since_change = 0  # steps since the sizes changed
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
 
     # -------------------------------------------------------------- measuring
@@ -163,17 +172,30 @@ class Cadence:
             self._window_key = key
             self._window_sizes = [int(b) for b in sizes]
             self._since_change = 0
-            if self._arrivals is not None:
-                self._arrivals = []
+            for series in self._series.values():
+                series.clear()
         self._since_change += 1
-        if self._arrivals is not None and self._since_change > self.settle_steps:
-            self._arrivals.append(np.nan)   # this step's slot, filled by record()
+        if self._since_change > self.settle_steps:
+            for series in self._series.values():
+                series.append(np.nan)   # this step's slot: record(), record_release()
+
+    def _fill(self, name: str, seconds):
+        """Put ``seconds`` in the running step's slot of series ``name`` (if kept, and
+        the step is not a settle step nor already closed into a gathered window)."""
+        series = self._series.get(name)
+        if series and self._since_change > self.settle_steps:
+            series[-1] = seconds
 
     def record(self, seconds) -> bool:
         """Offer the running step's local time; returns whether it was kept."""
-        if self._arrivals and self._since_change > self.settle_steps:
-            self._arrivals[-1] = seconds
+        self._fill("arrivals", seconds)
         return self.window.add(seconds)
+
+    def record_release(self, seconds: float):
+        """Offer the moment the running step's gradients' synchronize returned
+        (``time.perf_counter()``; kept only with ``releases``; a step whose window
+        was already gathered drops it)."""
+        self._fill("releases", seconds)
 
     def record_period(self, seconds) -> bool:
         """Offer a step's period: its wall time, waiting for the others included
@@ -184,18 +206,19 @@ class Cadence:
     def close(self) -> Measurement:
         """Summarise the window (local times, and periods under ``tune_split``) and
         empty it."""
-        measured = close_window(self.window)
-        if self._arrivals is not None:
-            measured = measured._replace(arrivals=self._close_arrivals())
+        measured = close_window(self.window)._replace(
+            **{name: self._close_series(name) for name in self._series})
         if self.periods is None:
             return measured
         period, period_error, _ = self.periods.measure()
         self.periods.reset(settle=False)
         return measured._replace(period=period, period_error=period_error)
 
-    def _close_arrivals(self) -> np.ndarray:
-        """The window's last ARRIVAL_STEPS per-step times (NaN where missing), emptied."""
-        slots, self._arrivals = self._arrivals[-ARRIVAL_STEPS:], []
+    def _close_series(self, name: str) -> np.ndarray:
+        """The window's last ARRIVAL_STEPS per-step values of series ``name`` (NaN where
+        missing), emptied."""
+        slots = self._series[name][-ARRIVAL_STEPS:]
+        self._series[name] = []
         if not slots:
             return np.empty(0)
         lanes = max((np.size(v) for v in slots), default=1)
@@ -230,7 +253,7 @@ class Cadence:
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
                lookahead: int = 0, periods=None, period_errors=None,
-               arrivals=None) -> Decision:
+               arrivals=None, releases=None, hosts=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -242,6 +265,9 @@ class Cadence:
                 per rank; used under ``tune_split``, whose window is the median rank's).
             arrivals: the gathered ``(steps, ranks)`` local times of single steps
                 (None: the split balances mean times only).
+            releases, hosts: the gathered ``(steps, ranks)`` release times of the
+                same steps and each rank's machine (None: no rank is charged a
+                release lag, :mod:`omnihvd.lags`).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -259,19 +285,20 @@ class Cadence:
             return Decision(step, sizes, None, False, None, "no valid timing on rank(s) %s"
                             % np.flatnonzero(bad).tolist())
         use_errors = errors is not None and self.timing != "mean"
+        lags = None if releases is None or hosts is None else release_lags(releases, hosts)
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         arrivals=arrivals)
+                                         arrivals=arrivals, lags=lags)
             return self.propose(step, sizes, new, lookahead=lookahead)
         period = _median_period(periods, period_errors)
         if tuner.probing:
             # a search's window: its local times still teach the controller's model
-            self.controller.observe(sizes, times, arrivals)
+            self.controller.observe(sizes, times, arrivals, lags)
             probe = tuner.measured(*period)
         else:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         tilt=tuner.tilt, arrivals=arrivals)
+                                         tilt=tuner.tilt, arrivals=arrivals, lags=lags)
             decision = self.propose(step, sizes, new, lookahead=lookahead)
             probe = tuner.after_decision(decision.changed, *period)
             if probe is None:

@@ -57,6 +57,7 @@ from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report
 from .normalization import batchnorm_layers, check_no_sync_batchnorm
 from .options import (check_agreement, configure_everywhere, model_fingerprint, option_values,
                       resolve_options)
+from .lags import host_key
 from .payload import payload_row, read_gathered
 from .schedule import ScheduledSizes, SizeSchedule
 from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
@@ -140,6 +141,14 @@ class OmniLearnCallback(ScheduledSizes):
             moved the split as predicted; paired with the default in one launch it
             ran at 1.02 (0.99-1.05) of it with ranks sharing a core and 0.99 under
             CPU quotas (docs/real-heterogeneity.rst).
+        release_lag: charge each rank its *release lag* (default True): how much
+            later than the first rank of its machine its gradients' synchronize
+            returns. Ranks that share a core resume one after another, and that
+            delay is in no local time; each window, the steps' release times
+            (``time.perf_counter``, one clock per machine) are gathered too (32
+            more floats per rank) and the controller balances local time plus mean
+            lag: the ranks' arrivals (:mod:`omnihvd.lags`). Ranks on their own
+            cores, or on other machines, are charged about nothing.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -193,7 +202,7 @@ class OmniLearnCallback(ScheduledSizes):
                  size_multiple: int = 1, loss_reduction: str = "mean",
                  history_size: int = 1000, abort_on_exception: Optional[bool] = None,
                  device_sync="auto", cpu_quota="auto", tune_split: bool = False,
-                 balance_arrivals: bool = False):
+                 balance_arrivals: bool = False, release_lag: bool = True):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -287,10 +296,12 @@ class OmniLearnCallback(ScheduledSizes):
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
         self._update_began = None     # perf_counter at the optimizer update's start
+        self._waiting = False         # this step reached its wait boundary, not yet released
         self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
         self._began = None            # (step, perf_counter) of the last on_batch_begin
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
+        self._host = host_key()       # whose ranks share this one's clock (omnihvd.lags)
         # this rank's local time of the last timed step (None: none yet, or dropped)
         self.last_step_time: Optional[float] = None
         self.oom_events = 0
@@ -303,7 +314,8 @@ class OmniLearnCallback(ScheduledSizes):
         """The adjustment rhythm around the current controller, from the options."""
         o = self._options
         return Cadence(self.controller, adjust_every=o.adjust_every, settle_steps=o.settle_steps,
-                       timing=o.timing, tune_split=o.tune_split, arrivals=o.balance_arrivals)
+                       timing=o.timing, tune_split=o.tune_split, arrivals=o.balance_arrivals,
+                       releases=o.release_lag)
 
     def _install_abort(self):
         if self._abort_enabled and self._abort_handle is None:
@@ -409,7 +421,7 @@ class OmniLearnCallback(ScheduledSizes):
                                               self.loss_reduction)
         self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
-        self._update_began, self._step_depth = None, 0
+        self._update_began, self._step_depth, self._waiting = None, 0, False
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
 
@@ -494,6 +506,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._step_depth += 1
         if self._step_depth == 2 and self._recorded and not self._timer.running:
             self._update_began = time.perf_counter()
+            self._released(self._update_began)
             return
         if (self._timer.running and not self._timer.marked
                 and synchronized_flag(optimizer)):
@@ -528,9 +541,18 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._timer.running:
             return False
         self._timer.mark_wait()
+        self._waiting = True
         self._record()
         self._timer.stop()
         return True
+
+    def _released(self, now: float):
+        """The gradients' synchronize returned at ``now`` (``time.perf_counter()``):
+        offer it as this step's release time (:mod:`omnihvd.lags`), once, if the step
+        had a clean wait boundary."""
+        if self._waiting and not self._drop_sample:
+            self.cadence.record_release(now)
+        self._waiting = False
 
     def _record(self):
         if not self._recorded:
@@ -546,7 +568,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._record()
         sizes = self.cadence.window_sizes or self.batch_sizes
         row = payload_row(self.cadence.close(), sizes, self.rank,
-                          self.schedule.lookahead, self._cap)
+                          self.schedule.lookahead, self._cap, self._host)
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:
@@ -600,6 +622,8 @@ class OmniLearnCallback(ScheduledSizes):
         if capped:
             record["caps"] = self.controller.hi.tolist()
         decision = self._decision(got, capped)
+        if self._options.release_lag:
+            record["lag_charges"] = [float(v) for v in self.controller.lag_charges()]
         record.update(new_sizes=decision.new_sizes or got.sizes, changed=decision.changed,
                       effective_step=decision.effective_step)
         if decision.skipped is not None:
@@ -625,7 +649,8 @@ class OmniLearnCallback(ScheduledSizes):
         """The cadence's verdict; with new caps a re-split even when timing is unusable."""
         decision = self.cadence.decide(self.step, got.sizes, got.times, got.errors, got.counts,
                                        lookahead=got.lookahead, periods=got.periods,
-                                       period_errors=got.period_errors, arrivals=got.arrivals)
+                                       period_errors=got.period_errors, arrivals=got.arrivals,
+                                       releases=got.releases, hosts=got.hosts)
         if decision.skipped is not None and capped:
             # no usable timing, but the split must respect the new caps now
             forced = self.controller.split(self.schedule.latest)
@@ -635,9 +660,12 @@ class OmniLearnCallback(ScheduledSizes):
 
     def _log_change(self, got, decision, capped):
         if self.rank == 0:
-            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s)",
+            charges = self.controller.lag_charges()
+            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s%s)",
                      self.step + 1, got.sizes, decision.new_sizes, decision.effective_step,
                      ", ".join("%.4g" % t for t in got.times),
+                     "; release lags +%s" % ", ".join("%.4g" % c for c in charges) if charges.any()
+                     else "",
                      "; memory caps %s" % self.controller.hi.tolist() if capped else "")
 
     def report_oom(self, shrink: float = 0.8):

@@ -38,6 +38,7 @@ import numpy as np
 
 from .arrivals import ArrivalPool, last_arrival_split
 from .errors import ConfigError, InfeasibleError
+from .lags import LagPool
 from .timing import MAD_TO_SD
 from .tuning import tilt_weights
 
@@ -714,10 +715,11 @@ class Controller:
         self._sizes, self._times, self._valid, self._ratios = [], [], [], []
         self._pool_sizes, self._pool_sum, self._pool_count = None, None, None
         self._arrivals = ArrivalPool()
+        self._lags = LagPool(self.num_ranks)
 
-    def observe(self, batch_sizes, times, arrivals=None):
-        """Record one round of measurements without deciding (``arrivals``: see
-        :meth:`decide`)."""
+    def observe(self, batch_sizes, times, arrivals=None, lags=None):
+        """Record one round of measurements without deciding (``arrivals`` and
+        ``lags``: see :meth:`decide`)."""
         b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
@@ -747,6 +749,12 @@ class Controller:
         self._add_to_pool(b, t, changed)
         if changed.any():   # a rank's old noise no longer describes it
             self._arrivals.forget()
+        if lags is not None:
+            lag = np.asarray(lags, dtype=np.float64)
+            if lag.ndim != 2 or lag.shape[1] != self.num_ranks:
+                raise ConfigError("lags must be a (steps, %d) table of seconds, got shape %s"
+                                  % (self.num_ranks, lag.shape))
+            self._lags.add(lag)
         if arrivals is not None:
             arr = np.asarray(arrivals, dtype=np.float64)
             if arr.ndim != 2 or arr.shape[1] != self.num_ranks:
@@ -815,6 +823,18 @@ class Controller:
             return empty, np.zeros(self.num_ranks), empty.copy()
         return self._pool_sum / self._pool_count, self._pool_count.copy(), self._round_noise()
 
+    def lag_charges(self) -> np.ndarray:
+        """Seconds each rank is charged per step beyond its local time: its mean
+        release lag (:meth:`omnihvd.lags.LagPool.charges`; zeros until a rank has
+        :data:`~omnihvd.lags.MIN_LAGS` lags, and without ``lags`` in :meth:`decide`).
+
+        >>> ctl = Controller(2, 60)
+        >>> _ = ctl.decide([30, 30], [1.0, 1.0], lags=[[0.0, 0.004]] * 8)
+        >>> ctl.lag_charges().round(3).tolist()
+        [0.0, 0.004]
+        """
+        return self._lags.charges()
+
     def _round_noise(self) -> np.ndarray:
         """Relative noise of one round per rank, from the history (see :meth:`pooled`)."""
         ratios = np.stack(self._ratios)   # each round's time over the model's prediction
@@ -845,7 +865,7 @@ class Controller:
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,
-               arrivals=None) -> list:
+               arrivals=None, lags=None) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
 
         Args:
@@ -866,16 +886,23 @@ class Controller:
                 (:func:`omnihvd.arrivals.last_arrival_split`); balanced means are then
                 left alone only when that would gain less than
                 :data:`omnihvd.arrivals.MIN_GAIN` of the step.
+            lags: optional ``(steps, ranks)`` release lags of single steps, seconds
+                (:func:`omnihvd.lags.release_lags`; NaN: none). Pooled over the last
+                windows, each rank's mean lag is added to its time
+                (:mod:`omnihvd.lags`): the controller balances local time plus
+                release lag, i.e. the ranks' arrivals.
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
         """
-        self.observe(batch_sizes, times, arrivals)
+        self.observe(batch_sizes, times, arrivals, lags)
         b, t = self._sizes[-1], self._times[-1]
         valid = self.valid(b)
         pooled = errors is not None
         if pooled:
             t, errors = self._pooled_errors(errors)
+        t = t + self._lags.charges()   # a rank resumes that much after the first
+        if pooled:
             w = tilt_weights(b, t, tilt)
             if valid and not self._significant(t * w, errors * w):
                 # the means are balanced within their noise: only the slowest
@@ -901,7 +928,8 @@ class Controller:
         if not self._sizes:
             raise RuntimeError("split_at needs an observed round")
         # the pool always holds the latest round's sizes (observe starts it afresh)
-        return self._solve(self._sizes[-1], self.pooled()[0], True, tilt, 1.0)
+        return self._solve(self._sizes[-1], self.pooled()[0] + self._lags.charges(), True,
+                           tilt, 1.0)
 
     def _trust_region(self, b):
         """Bounds no farther than ``max_step_ratio`` from ``b`` (when ``b`` is valid)."""
@@ -911,13 +939,14 @@ class Controller:
                 np.minimum(self.hi, b * self.max_step_ratio))
 
     def _weighted_model(self, b, t, pooled: bool, w) -> TimeModel:
-        """The policy's time model, times ``w`` (the proportional policy: a_i = 0)."""
+        """The policy's time model with each rank's release lag (:mod:`omnihvd.lags`),
+        times ``w`` (the proportional policy: a_i = 0, ``t`` holding the lags)."""
         if self.policy == "proportional":
             # relative to the slowest, as rebalance() takes them (scale-free)
             t = np.maximum(t / t.max(), 1e-12)
             return TimeModel(np.zeros(self.num_ranks), t * w / b)
         model = self.model(pooled)
-        return TimeModel(model.intercept * w, model.slope * w)
+        return TimeModel((model.intercept + self._lags.charges()) * w, model.slope * w)
 
     def _for_last_arrival(self, start, b, t, pooled: bool, w, residuals) -> list:
         """``start`` moved for the slowest arrival of the pooled steps ``residuals``

@@ -65,6 +65,7 @@ backward per step), and :meth:`report_oom` (a rank whose backward fails leaves i
 peers in DDP's allreduce; the job is then ended by ``abort_on_exception``).
 """
 import logging
+import time
 from typing import List, Optional
 
 from .callback import OmniLearnCallback
@@ -90,15 +91,19 @@ class WeightedAllreduceState:
         on_last_bucket: None, or a callable taking the bucket's device, called when
             the hook receives the last bucket of a backward pass, before its
             allreduce is launched (the timing boundary).
+        on_released: None, or a callable taking nothing, called once the last
+            bucket's CPU (gloo) allreduces are complete (the rank's release,
+            :mod:`omnihvd.lags`); NCCL buckets complete on the GPU, unseen here.
     """
 
-    __slots__ = ("process_group", "weight", "on_last_bucket", "_in_flight")
+    __slots__ = ("process_group", "weight", "on_last_bucket", "on_released", "_in_flight")
 
     def __init__(self, process_group=None, weight: Optional[GradientWeight] = None,
-                 on_last_bucket=None):
+                 on_last_bucket=None, on_released=None):
         self.process_group = process_group
         self.weight = weight if weight is not None else GradientWeight(1.0)
         self.on_last_bucket = on_last_bucket
+        self.on_released = on_released  # called once the last CPU bucket is reduced
         self._in_flight: list = []  # CPU buckets' (work, buffer, future), in launch order
 
     def complete_in_flight(self):
@@ -154,6 +159,8 @@ def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
     state._in_flight.append((work, buffer, future))
     if bucket.is_last():
         state.complete_in_flight()
+        if state.on_released is not None:
+            state.on_released()
     return future
 
 
@@ -165,7 +172,7 @@ class _HookHandle:
         self._state = state
 
     def remove(self):
-        self._state.on_last_bucket = None
+        self._state.on_last_bucket = self._state.on_released = None
 
 
 class DDPOmniLearnCallback(OmniLearnCallback):
@@ -184,8 +191,10 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
         adjust_every, policy, settle_steps, timing, nonblocking, size_multiple,
         loss_reduction, history_size, device_sync, cpu_quota, tune_split,
-        balance_arrivals: as for
-            :class:`~omnihvd.OmniLearnCallback`.
+        balance_arrivals, release_lag: as for
+            :class:`~omnihvd.OmniLearnCallback`. A rank is released when its CPU
+            (gloo) buckets are reduced; NCCL's buckets end on the GPU unseen by the
+            host, so on GPUs no release lag is charged.
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
             others; default True with several ranks.
@@ -205,7 +214,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  timing: str = DEFAULT_SUMMARY, nonblocking: bool = True, size_multiple: int = 1,
                  loss_reduction: str = "mean", history_size: int = 1000,
                  abort_on_exception: Optional[bool] = None, device_sync="auto",
-                 cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False):
+                 cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False,
+                 release_lag: bool = True):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -248,6 +258,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             self._model.register_comm_hook(state, weighted_allreduce_hook)
             self._hook_state = state
         self._hook_state.on_last_bucket = self._on_last_bucket
+        self._hook_state.on_released = lambda: self._released(time.perf_counter())
         return [_HookHandle(self._hook_state)]
 
     def _on_last_bucket(self, device):

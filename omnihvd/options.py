@@ -59,6 +59,7 @@ class Options(NamedTuple):
     cpu_quota: Any                  # "auto", None or cores
     tune_split: bool                # also tune the split by the measured step period
     balance_arrivals: bool          # split for each step's slowest arrival, not the mean
+    release_lag: bool               # charge each rank how late it resumes after the allreduce
 
     def agreed(self) -> Dict[str, Any]:
         """The options every rank must share (device_sync and cpu_quota are per rank)."""
@@ -73,7 +74,7 @@ def option_values(arguments: Dict[str, Any]) -> Dict[str, Any]:
     The callbacks list every option in their signatures (for users and their
     editors) and pass them on as one dict: ``option_values(locals())``.
 
-    >>> sorted(option_values(dict(Options(*range(18))._asdict(), self=None, comm=None)))[:3]
+    >>> sorted(option_values(dict(Options(*range(19))._asdict(), self=None, comm=None)))[:3]
     ['adjust_every', 'balance_arrivals', 'cpu_quota']
     """
     return {name: arguments[name] for name in Options._fields}
@@ -121,7 +122,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
                     adjust_every=20, policy="affine", settle_steps=1, timing=DEFAULT_SUMMARY,
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
                     history_size=1000, device_sync="auto", cpu_quota="auto", tune_split=False,
-                    balance_arrivals=False, batchnorm_layers: Sequence[str] = (),
+                    balance_arrivals=False, release_lag=True, batchnorm_layers: Sequence[str] = (),
                     log_floor: bool = False) -> Tuple[Options, Controller]:
     """Check the callback's options and build its controller.
 
@@ -146,6 +147,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
     check_flag("nonblocking", nonblocking)
     check_flag("tune_split", tune_split)
     check_flag("balance_arrivals", balance_arrivals)
+    check_flag("release_lag", release_lag)
     _check_device_sync(device_sync)
     _check_cpu_quota(cpu_quota)
     check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
@@ -162,7 +164,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
         policy=policy, settle_steps=settle_steps, timing=timing, nonblocking=nonblocking,
         size_multiple=controller.size_multiple, loss_reduction=loss_reduction,
         history_size=history_size, device_sync=device_sync, cpu_quota=cpu_quota,
-        tune_split=tune_split, balance_arrivals=balance_arrivals)
+        tune_split=tune_split, balance_arrivals=balance_arrivals, release_lag=release_lag)
     return options, controller
 
 

@@ -1,9 +1,11 @@
 """What each rank contributes to the adjustment allgather, and how the gathered matrix reads.
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
-float64 (72 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
-matrix; with ``balance_arrivals=True`` (the same on every rank) each row also carries
-:data:`~omnihvd.arrivals.ARRIVAL_STEPS` more (328 bytes in all):
+float64 (88 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
+matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
+the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
+steps' local times with ``balance_arrivals=True``, their release times with
+``release_lag=True`` (the default: 344 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -17,9 +19,12 @@ col   name       meaning
 6     ERROR      the standard error of TIME (the noise gate's input)
 7     PERIOD     the window's median step period, waiting included (NaN: none)
 8     PERIOD_ERR the standard error of PERIOD
-9-40  ARRIVALS   only with balance_arrivals: the local time of each of the
-                 window's last steps (NaN: none), aligned by step: column
-                 9 + j is the same step on every rank
+9     BLOCKS     which per-step blocks follow: the sum of 2**k over the k-th
+                 block of STEP_BLOCKS present
+10    HOST       this rank's machine (:func:`omnihvd.lags.host_key`)
+11-   per step   each block present: the value of each of the window's last
+                 steps (NaN: none), aligned by step: its column j is the same
+                 step on every rank
 ====  =========  ==========================================================
 
 Every float is exact for the integers it carries (a crc32 and batch sizes are far
@@ -42,9 +47,11 @@ from .errors import RankMismatchError
 
 __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered"]
 
-TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR = range(9)
-PAYLOAD_FIELDS = 9  # float64 per rank per adjustment
-ARRIVALS = PAYLOAD_FIELDS  # with balance_arrivals: the first of ARRIVAL_STEPS more columns
+TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST = range(11)
+PAYLOAD_FIELDS = 11  # float64 per rank per adjustment, before the per-step blocks
+# the per-step blocks (Measurement fields), in column order: "arrivals" the steps'
+# local times (balance_arrivals), "releases" their release times (release_lag)
+STEP_BLOCKS = ("arrivals", "releases")
 
 
 def digest(sizes: Sequence[int]) -> float:
@@ -57,7 +64,7 @@ def digest(sizes: Sequence[int]) -> float:
 
 
 def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
-                cap: int) -> List[float]:
+                cap: int, host: float = 0.0) -> List[float]:
     """This rank's row of the gather.
 
     Args:
@@ -66,18 +73,23 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         rank: this rank.
         lookahead: steps beyond the current one this rank has handed out.
         cap: this rank's memory cap.
+        host: this rank's machine (:func:`omnihvd.lags.host_key`).
 
     Returns:
-        list of :data:`PAYLOAD_FIELDS` floats in column order, and ARRIVAL_STEPS more
-        when ``measured`` holds per-step times (``arrivals`` not None).
+        list of :data:`PAYLOAD_FIELDS` floats in column order, then ARRIVAL_STEPS
+        more for each of :data:`STEP_BLOCKS` that ``measured`` holds (not None).
     """
     row = [0.0] * PAYLOAD_FIELDS
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
     row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
     row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
-    if measured.arrivals is not None:
-        steps = np.ravel(measured.arrivals)[-ARRIVAL_STEPS:]
-        row += [float(v) for v in steps] + [float("nan")] * (ARRIVAL_STEPS - len(steps))
+    row[HOST] = host
+    for k, name in enumerate(STEP_BLOCKS):
+        values = getattr(measured, name)
+        if values is not None:
+            row[BLOCKS] += 2 ** k
+            steps = np.ravel(values)[-ARRIVAL_STEPS:]
+            row += [float(v) for v in steps] + [float("nan")] * (ARRIVAL_STEPS - len(steps))
     return row
 
 
@@ -93,6 +105,8 @@ class Gathered(NamedTuple):
     periods: np.ndarray    # median step periods, waiting included (NaN: none)
     period_errors: np.ndarray  # their standard errors
     arrivals: Optional[np.ndarray] = None  # (steps, ranks) single steps' local times
+    hosts: Optional[np.ndarray] = None     # each rank's machine
+    releases: Optional[np.ndarray] = None  # (steps, ranks) single steps' release times
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
@@ -106,10 +120,16 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
         raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
                                 "omnihvd state diverged (were different checkpoints loaded?)"
                                 % step)
-    steps = matrix[:, ARRIVALS:].T   # none without balance_arrivals
-    steps = steps[np.isfinite(steps).any(axis=1)]
+    blocks, column = int(matrix[0, BLOCKS]), PAYLOAD_FIELDS
+    per_step = {}
+    for k, name in enumerate(STEP_BLOCKS):
+        if blocks & 2 ** k:
+            steps = matrix[:, column:column + ARRIVAL_STEPS].T
+            column += ARRIVAL_STEPS
+            steps = steps[np.isfinite(steps).any(axis=1)]
+            per_step[name] = steps if steps.size else None
     return Gathered(sizes=[int(b) for b in matrix[:, SIZE]], times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
                     periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR],
-                    arrivals=steps if steps.size else None)
+                    hosts=matrix[:, HOST], **per_step)

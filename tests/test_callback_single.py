@@ -648,3 +648,43 @@ def test_the_optimizer_update_counts_as_local_work_and_the_wait_does_not(data, m
     assert cb._update_began is None
     cb.on_train_end()
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+@pytest.mark.parametrize("explicit_sync, mark", [(False, False), (True, True), (True, False)])
+def test_each_steps_release_is_when_the_synchronize_returned(data, monkeypatch, explicit_sync,
+                                                             mark):
+    # omnihvd.lags: a step's release time is where its update begins, after the
+    # synchronize; a step whose local time already holds the synchronize (no mark)
+    # has none
+    import time
+
+    import numpy as np
+
+    model, opt, cb = build(adjust_every=2, settle_steps=0, nonblocking=False)
+    synchronize, returned = opt.synchronize, []
+
+    def noted_synchronize():
+        out = synchronize()
+        returned.append(time.perf_counter())
+        return out
+
+    monkeypatch.setattr(opt, "synchronize", noted_synchronize)
+    gathered = []
+    decide = cb.cadence.decide
+
+    def spy(*args, **kwargs):
+        gathered.append(kwargs.get("releases"))
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(cb.cadence, "decide", spy)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    train(model, opt, cb, sampler, data, epochs=1, explicit_sync=explicit_sync, mark=mark)
+    cb.on_train_end()
+    if explicit_sync and not mark:
+        assert all(r is None for r in gathered)   # no step had a release to give
+        return
+    releases = np.concatenate(gathered)[:, 0]
+    assert len(releases) == len(returned) == N // B
+    # just after the synchronize returned (with mark: after the clipping, too)
+    assert all(0 <= r - t < 0.1 for r, t in zip(releases, returned)), (releases, returned)
+    assert cb.history[-1]["lag_charges"] == [0.0]   # one rank: the first to resume

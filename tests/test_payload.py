@@ -26,14 +26,14 @@ def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
 def test_a_row_has_the_columns_in_order():
     row = payload_row(Measurement(time=0.25, error=0.01, count=9, period=0.5, period_error=0.02),
                       [10, 30], 1, 2, 28)
-    assert len(row) == PAYLOAD_FIELDS == 9
+    assert len(row) == PAYLOAD_FIELDS == 11 and row[payload.BLOCKS] == 0 and row[payload.HOST] == 0
     assert row[payload.TIME] == 0.25 and row[payload.COUNT] == 9 and row[payload.ERROR] == 0.01
     assert row[payload.SIZE] == 30 and row[payload.AHEAD] == 2 and row[payload.CAP] == 28
     assert row[payload.DIGEST] == digest([10, 30])
     assert row[payload.PERIOD] == 0.5 and row[payload.PERIOD_ERR] == 0.02
     got = read_gathered(np.array([row, row]), step=3)
     assert got.periods.tolist() == [0.5, 0.5] and got.period_errors.tolist() == [0.02, 0.02]
-    assert got.arrivals is None
+    assert got.arrivals is None and got.releases is None
 
 
 def test_the_steps_local_times_come_back_as_a_steps_by_ranks_table():
@@ -48,7 +48,25 @@ def test_the_steps_local_times_come_back_as_a_steps_by_ranks_table():
     # a window longer than ARRIVAL_STEPS sends its last steps
     long = np.arange(1, ARRIVAL_STEPS + 11, dtype=np.float64)
     row = payload_row(Measurement(time=1.0, error=0.0, count=3, arrivals=long), [40], 0, 0, 40)
-    assert row[payload.ARRIVALS:] == long[-ARRIVAL_STEPS:].tolist()
+    assert row[PAYLOAD_FIELDS:] == long[-ARRIVAL_STEPS:].tolist()
+
+
+def test_release_times_and_local_times_per_step_come_back_as_separate_tables():
+    local = [np.array([0.1, 0.2]), np.array([0.3, 0.4])]
+    releases = [np.array([1000.01, np.nan]), np.array([1000.02, 1000.07])]
+    rows = [payload_row(Measurement(time=0.2, error=0.0, count=2, arrivals=local[r],
+                                    releases=releases[r]), [10, 30], r, 0, 40, host=5.0 + r)
+            for r in (0, 1)]
+    assert all(len(r) == PAYLOAD_FIELDS + 2 * ARRIVAL_STEPS for r in rows)
+    got = read_gathered(np.array(rows), step=3)
+    assert got.arrivals.tolist() == [[0.1, 0.3], [0.2, 0.4]]
+    assert got.releases[0].tolist() == [1000.01, 1000.02] and got.releases[1, 1] == 1000.07
+    assert got.hosts.tolist() == [5.0, 6.0]
+    # release times alone (the default: release_lag without balance_arrivals)
+    rows = [payload_row(Measurement(time=0.2, error=0.0, count=2, releases=releases[r]),
+                        [10, 30], r, 0, 40) for r in (0, 1)]
+    got = read_gathered(np.array(rows), step=3)
+    assert got.arrivals is None and got.releases[0].tolist() == [1000.01, 1000.02]
 
 
 def test_reading_the_gathered_matrix_gives_every_column_back():

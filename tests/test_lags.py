@@ -1,0 +1,138 @@
+"""Release lag: how much later than its machine's first rank a rank resumes after the
+allreduce (omnihvd.lags), and how the controller and the cadence use it. Pure, single
+process."""
+import math
+
+import numpy as np
+import pytest
+
+from omnihvd.cadence import Cadence
+from omnihvd.controller import Controller
+from omnihvd.errors import ConfigError
+from omnihvd.lags import LAG_SAMPLES, MAX_LAG, MIN_LAGS, LagPool, host_key, release_lags
+
+pytestmark = pytest.mark.unit
+
+NAN = float("nan")
+
+
+def test_a_lag_is_counted_from_the_first_release_on_the_same_machine():
+    releases = [[50.000, 50.003, 50.001, 80.000],
+                [50.040, 50.041, 50.046, 80.030]]
+    lags = release_lags(releases, hosts=[1.0, 1.0, 1.0, 2.0])
+    assert lags.round(4).tolist() == [[0.0, 0.003, 0.001, 0.0], [0.0, 0.001, 0.006, 0.0]]
+
+
+def test_a_missing_release_or_a_clock_not_shared_gives_no_lag():
+    releases = [[NAN, 10.002, 10.001],            # rank 0 has none: the others still count
+                [10.0, 10.0 + 2 * MAX_LAG, 10.001]]  # rank 1's clock is another one
+    lags = release_lags(releases, hosts=[3.0, 3.0, 3.0])
+    assert math.isnan(lags[0, 0]) and lags[0, 1:].round(4).tolist() == [0.001, 0.0]
+    assert math.isnan(lags[1, 1]) and lags[1, 2].round(4) == 0.001
+    assert release_lags([[1.0, 2.0]], hosts=[1.0]).shape == (1, 2)   # malformed: all NaN
+    assert np.isnan(release_lags([[1.0, 2.0]], hosts=[1.0])).all()
+
+
+def test_the_host_key_is_a_float_exact_machine_identity():
+    key = host_key()
+    assert key == host_key() and key == float(int(key)) and 0 <= key < 2 ** 32
+
+
+def test_a_rank_is_charged_its_mean_lag_once_it_has_enough():
+    pool = LagPool(2)
+    pool.add([[0.0, 0.004]] * (MIN_LAGS - 1))
+    assert pool.charges().tolist() == [0.0, 0.0]
+    pool.add([[0.0, 0.002]])
+    assert pool.charges().round(5).tolist() == [0.0, round((7 * 0.004 + 0.002) / 8, 5)]
+    assert pool.counts().tolist() == [MIN_LAGS, MIN_LAGS]
+
+
+def test_a_rare_pause_is_not_a_lag():
+    pool = LagPool(2)
+    pool.add([[0.0, 0.003]] * 19 + [[0.0, 0.5]])   # one step in twenty: a pause
+    assert pool.charges().round(4).tolist() == [0.0, 0.003]
+
+
+def test_the_pool_keeps_the_latest_lags_and_forgets():
+    pool = LagPool(2)
+    pool.add([[0.0, 0.009]] * LAG_SAMPLES)
+    pool.add([[0.0, 0.002]] * LAG_SAMPLES)
+    assert pool.charges().round(4).tolist() == [0.0, 0.002]
+    pool.add([[0.001, 0.002, 0.003]])    # another world's table is ignored
+    assert pool.counts().tolist() == [LAG_SAMPLES, LAG_SAMPLES]
+    pool.forget()
+    assert pool.counts().tolist() == [0, 0] and pool.charges().tolist() == [0.0, 0.0]
+
+
+def shared_core_lags(steps=30):
+    """Rank 0 alone on its core resumes first; ranks 1-3 share a core and resume
+    2-6 ms later, in turn."""
+    return [[0.0] + [0.002 * (1 + (s + r) % 3) for r in range(3)] for s in range(steps)]
+
+
+@pytest.mark.parametrize("policy", ["affine", "proportional"])
+def test_the_rank_that_resumes_first_gets_more_samples(policy):
+    sizes, times = [128, 43, 43, 42], [0.040] * 4   # equal local times
+    plain, lagged = Controller(4, 256, policy=policy), Controller(4, 256, policy=policy)
+    assert plain.decide(sizes, times) == sizes      # balanced: nothing to do
+    got = lagged.decide(sizes, times, lags=shared_core_lags())
+    assert lagged.lag_charges().round(4).tolist() == [0.0, 0.004, 0.004, 0.004]
+    # the three arrive 4 ms (10%) after the lone rank: it takes samples off them
+    assert got[0] > 128 and sum(got) == 256 and all(b < 43 for b in got[1:])
+
+
+def test_lags_alike_keep_the_split_of_equal_local_times():
+    lags = [[0.002 * ((s + r) % 4) for r in range(4)] for s in range(40)]   # in turn
+    ctl = Controller(4, 256)
+    got = ctl.decide([64] * 4, [0.02] * 4, lags=lags)
+    assert ctl.lag_charges().round(6).tolist() == [0.003] * 4 and got == [64] * 4
+
+
+def test_the_noise_gate_weighs_local_time_plus_lag():
+    ctl = Controller(2, 100)
+    for _ in range(3):   # local times equal within their noise; rank 1 resumes 10 ms late
+        got = ctl.decide([50, 50], [0.050, 0.0502], [0.001, 0.001], lags=[[0.0, 0.010]] * 8)
+    assert got[0] > 50
+
+
+def test_malformed_lags_are_a_config_error():
+    with pytest.raises(ConfigError, match=r"lags must be a \(steps, 2\) table"):
+        Controller(2, 100).decide([50, 50], [0.05, 0.05], lags=[0.001, 0.002])
+
+
+def test_forgetting_the_history_forgets_the_lags():
+    ctl = Controller(2, 100)
+    ctl.decide([50, 50], [0.05, 0.05], lags=[[0.0, 0.004]] * 8)
+    ctl.forget()
+    assert ctl.lag_charges().tolist() == [0.0, 0.0]
+
+
+def test_the_cadence_keeps_each_steps_release_and_decides_with_the_lags():
+    cad = Cadence(Controller(2, 60), adjust_every=4, settle_steps=1, releases=True)
+    cad.begin_step([30, 30])             # a settle step: no slot
+    cad.record(0.5), cad.record_release(99.0)
+    for step in range(1, 4):
+        cad.begin_step([30, 30])
+        cad.record(0.1)
+        if step != 2:
+            cad.record_release(100.0 + step)
+    measured = cad.close()
+    assert measured.arrivals is None
+    assert measured.releases[[0, 2]].tolist() == [101.0, 103.0]
+    assert math.isnan(measured.releases[1])
+    # a release that comes after its window was gathered is dropped, not carried over
+    cad.record_release(104.0)
+    cad.begin_step([30, 30])
+    releases = cad.close().releases
+    assert releases.shape == (1,) and math.isnan(releases[0])
+    # the gathered table: rank 1 resumes 5 ms after rank 0 on the same machine
+    table = [[100.0 + s, 100.005 + s] for s in range(MIN_LAGS)]
+    cad.decide(7, [30, 30], [0.1, 0.1], [0.0, 0.0], [4, 4], releases=table, hosts=[1.0, 1.0])
+    assert cad.controller.lag_charges().round(4).tolist() == [0.0, 0.005]
+
+
+def test_without_releases_the_cadence_keeps_none():
+    cad = Cadence(Controller(2, 60), adjust_every=4, settle_steps=0)
+    cad.begin_step([30, 30])
+    cad.record(0.1), cad.record_release(5.0)
+    assert cad.close().releases is None
