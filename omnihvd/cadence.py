@@ -10,8 +10,9 @@ balancer on server 0, the simulator -- runs this rhythm:
    (:meth:`Cadence.gathers_at`) closes it (:func:`close_window`: time, standard
    error, sample count, then an empty window; with ``arrivals``, also the local time
    of each of the window's last steps, and with ``releases`` the moment each step's
-   synchronize returned, aligned by step) and the ranks exchange their measurements. The synchronous callback posts the allgather at that step's wait
-   boundary (its local time is final there) and completes it at the same step's end;
+   synchronize returned, aligned by step) and the ranks exchange their measurements.
+   The synchronous callback posts the allgather at that step's wait boundary (its
+   local time is final there) and completes it at the same step's end;
 3. **decide**: every rank runs :meth:`Cadence.decide` on the same gathered numbers,
    so every rank reaches the same verdict: nothing while a change is pending (its
    samples would describe the old sizes), nothing when a rank has no valid sample,
@@ -38,8 +39,8 @@ import numpy as np
 
 from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
-from .lags import release_lags
 from .errors import ConfigError
+from .lags import release_lags
 from .timing import DEFAULT_SUMMARY, TimingWindow, _valid
 from .tuning import TiltSearch
 

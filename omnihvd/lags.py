@@ -12,10 +12,19 @@ work), yet it delays the rank's next arrival one for one: balancing local times
 left the three co-located ranks arriving 4-5 ms after the lone one, and the split
 whose *arrivals* were equal (the lone rank's local time 2-4 ms longer) was 5% faster.
 
-So with ``release_lag=True`` (the default) the controller balances each rank's
-local time plus its mean release lag. Ranks that do not share cores resume together
-and are charged about nothing; ranks all alike share their lag alike and keep the
-split of equal local times.
+So with ``release_lag=True`` (experimental, off by default) the controller balances
+each rank's local time plus its mean release lag. Ranks that do not share cores
+resume together and are charged about nothing. Paired in one launch with the
+default in 3:1:1:1 it ran at 1.04x (1.02-1.14) and reached 0.99 of the best fixed
+split (0.95 without). It is off by default because where several ranks share each
+core the lag is not a fixed cost of a rank: with sleep-emulated speeds on 4 ranks
+over 2 cores it gave ranks of equal speed 53 and 75 samples and ran 17% slower than
+plain Horovod (docs/real-heterogeneity.rst, "Release lag"). A rank under a CPU
+quota sends no release times: it also resumes late when its quota for the period is
+spent, a stall its quota floor (:mod:`omnihvd.timing`) charges in its own way;
+measured with lags under quotas (HL8 quotas with core sets, quotas 100/60/30%), the
+split ran at 0.985 and 0.987 of the one without, and ranks of equal quotas ended up
+to 17 and 24 samples apart.
 
 How it is measured: each rank notes the moment its synchronize returns (where its
 update begins), on the clock ``time.perf_counter`` reads, which is the system's

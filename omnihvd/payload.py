@@ -5,7 +5,7 @@ float64 (88 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
-``release_lag=True`` (the default: 344 bytes in all):
+``release_lag=True`` (344 bytes in all with one of them):
 
 ====  =========  ==========================================================
 col   name       meaning

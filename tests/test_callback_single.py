@@ -650,17 +650,19 @@ def test_the_optimizer_update_counts_as_local_work_and_the_wait_does_not(data, m
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
 
 
-@pytest.mark.parametrize("explicit_sync, mark", [(False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("explicit_sync, mark, quota", [(False, False, None), (True, True, None),
+                                                       (True, False, None), (False, False, 1.0)])
 def test_each_steps_release_is_when_the_synchronize_returned(data, monkeypatch, explicit_sync,
-                                                             mark):
+                                                             mark, quota):
     # omnihvd.lags: a step's release time is where its update begins, after the
     # synchronize; a step whose local time already holds the synchronize (no mark)
-    # has none
+    # has none, nor has a rank under a CPU quota
     import time
 
     import numpy as np
 
-    model, opt, cb = build(adjust_every=2, settle_steps=0, nonblocking=False)
+    model, opt, cb = build(adjust_every=2, settle_steps=0, nonblocking=False, cpu_quota=quota,
+                           release_lag=True)
     synchronize, returned = opt.synchronize, []
 
     def noted_synchronize():
@@ -680,7 +682,7 @@ def test_each_steps_release_is_when_the_synchronize_returned(data, monkeypatch, 
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
     train(model, opt, cb, sampler, data, epochs=1, explicit_sync=explicit_sync, mark=mark)
     cb.on_train_end()
-    if explicit_sync and not mark:
+    if (explicit_sync and not mark) or quota:
         assert all(r is None for r in gathered)   # no step had a release to give
         return
     releases = np.concatenate(gathered)[:, 0]
