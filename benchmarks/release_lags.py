@@ -28,6 +28,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from step_anatomy import emit
+
 ENV = "OMNIHVD_STEP_TIMESTAMPS"
 NAME = re.compile(r"^steps-(?P<job>[^-]+)-e(?P<epoch>\d+)-r(?P<rank>\d+)\.json$")
 
@@ -151,14 +153,8 @@ def main(argv=None):
     rows = summarize(args.folder, args.skip)
     if not rows:
         raise SystemExit("no steps-*.json files in %s" % args.folder)
-    text = markdown(rows)
-    print(text, end="")
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump({"folder": os.path.abspath(args.folder), "skip": args.skip, "epochs": rows},
-                      f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    emit(markdown(rows), {"folder": os.path.abspath(args.folder), "skip": args.skip,
+                          "epochs": rows}, args.out)
     return 0
 
 

@@ -144,15 +144,20 @@ def main(argv=None):
     runs = summarize(args.folder, args.epoch, args.skip)
     if not runs:
         raise SystemExit("no anatomy-*.json files in %s" % args.folder)
-    text = markdown(runs)
-    print(text, end="")
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump({"folder": os.path.abspath(args.folder), "skip": args.skip, "runs": runs},
-                      f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    emit(markdown(runs), {"folder": os.path.abspath(args.folder), "skip": args.skip,
+                          "runs": runs}, args.out)
     return 0
+
+
+def emit(text: str, document: dict, out=None):
+    """Print the summary ``text``; with ``out``, also write OUT.md (the text) and
+    OUT.json (``document``)."""
+    print(text, end="")
+    if out:
+        with open(out + ".json", "w") as f:
+            json.dump(document, f, indent=1)
+        with open(out + ".md", "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

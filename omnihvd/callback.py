@@ -52,12 +52,12 @@ from .comm import HorovodComm, LocalComm, PendingGather, make_comm
 from .controller import DEFAULT_DEADBAND, partial_split
 from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
 from .errors import ConfigError
+from .lags import host_key
 from .losses import check_batch_length, checked_count, total_count
 from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report, worker_label
 from .normalization import batchnorm_layers, check_no_sync_batchnorm
 from .options import (check_agreement, configure_everywhere, model_fingerprint, option_values,
                       resolve_options)
-from .lags import host_key
 from .payload import payload_row, read_gathered
 from .schedule import ScheduledSizes, SizeSchedule
 from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
