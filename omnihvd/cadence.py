@@ -254,7 +254,7 @@ class Cadence:
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
                lookahead: int = 0, periods=None, period_errors=None,
-               arrivals=None, releases=None, hosts=None) -> Decision:
+               arrivals=None, releases=None, hosts=None, cpusets=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -266,9 +266,9 @@ class Cadence:
                 per rank; used under ``tune_split``, whose window is the median rank's).
             arrivals: the gathered ``(steps, ranks)`` local times of single steps
                 (None: the split balances mean times only).
-            releases, hosts: the gathered ``(steps, ranks)`` release times of the
-                same steps and each rank's machine (None: no rank is charged a
-                release lag, :mod:`omnihvd.lags`).
+            releases, hosts, cpusets: the gathered ``(steps, ranks)`` release
+                times of the same steps, each rank's machine and its CPUs (None: no
+                rank is charged a release lag, :mod:`omnihvd.lags`).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -286,7 +286,8 @@ class Cadence:
             return Decision(step, sizes, None, False, None, "no valid timing on rank(s) %s"
                             % np.flatnonzero(bad).tolist())
         use_errors = errors is not None and self.timing != "mean"
-        lags = None if releases is None or hosts is None else release_lags(releases, hosts)
+        lags = None if releases is None or hosts is None or cpusets is None else release_lags(
+            releases, hosts, cpusets)
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,

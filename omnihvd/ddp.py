@@ -215,7 +215,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  loss_reduction: str = "mean", history_size: int = 1000,
                  abort_on_exception: Optional[bool] = None, device_sync="auto",
                  cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False,
-                 release_lag: bool = False):
+                 release_lag: bool = True):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):

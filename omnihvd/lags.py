@@ -1,4 +1,4 @@
-"""Release lag: how much later than its host's first rank a rank resumes after the allreduce.
+"""Release lag: how much later after the allreduce a rank resumes than ranks on other CPUs.
 
 A synchronous step ends for every rank when the gradients' allreduce completes, but
 not every rank resumes at that moment: each must notice the completion, and ranks
@@ -12,52 +12,57 @@ work), yet it delays the rank's next arrival one for one: balancing local times
 left the three co-located ranks arriving 4-5 ms after the lone one, and the split
 whose *arrivals* were equal (the lone rank's local time 2-4 ms longer) was 5% faster.
 
-So with ``release_lag=True`` (experimental, off by default) the controller balances
-each rank's local time plus its mean release lag. Ranks that do not share cores
-resume together and are charged about nothing. Paired in one launch with the
-default in 3:1:1:1 it ran at 1.04x (1.02-1.14) and reached 0.99 of the best fixed
-split (0.95 without). It is off by default because where several ranks share each
-core the lag is not a fixed cost of a rank: with sleep-emulated speeds on 4 ranks
-over 2 cores it gave ranks of equal speed 53 and 75 samples and ran 17% slower than
-plain Horovod (docs/real-heterogeneity.rst, "Release lag"). A rank under a CPU
-quota sends no release times: it also resumes late when its quota for the period is
-spent, a stall its quota floor (:mod:`omnihvd.timing`) charges in its own way;
-measured with lags under quotas (HL8 quotas with core sets, quotas 100/60/30%), the
-split ran at 0.985 and 0.987 of the one without, and ranks of equal quotas ended up
-to 17 and 24 samples apart.
+So with ``release_lag=True`` the controller balances each rank's local time plus its
+release lag. What is charged is the lag of a *group*: the ranks of one machine that
+run on the same CPUs (their affinity, :func:`cpuset_key`), each charged the group's
+mean lag behind the first rank of the machine on other CPUs. Within a group the
+ranks take turns, and who goes first shifts with the split: a first version that
+charged each rank its own place in the order (behind the machine's first rank) made
+ranks of equal speed unequal where several ranks share every core (sleep-emulated
+speeds on 4 ranks over 2 cores: 53 and 75 samples, 17% slower than plain Horovod),
+while in 3:1:1:1 it ran at 1.04x (1.02-1.14) the controller without it
+(docs/real-heterogeneity.rst, "Release lag"). Ranks that all share their CPUs, or
+each have their own, are charged about nothing.
+
+A rank under a CPU quota sends no release times: it also resumes late when its quota
+for the period is spent, a stall its quota floor (:mod:`omnihvd.timing`) charges in
+its own way; measured with lags under quotas (HL8 quotas with core sets, quotas
+100/60/30%), the split ran at 0.985 and 0.987 of the one without, and ranks of equal
+quotas ended up to 17 and 24 samples apart.
 
 How it is measured: each rank notes the moment its synchronize returns (where its
 update begins), on the clock ``time.perf_counter`` reads, which is the system's
 monotonic clock and the same for every process of one machine (one boot). Every
 window, these release times of its steps are gathered aligned by step (like
-:mod:`omnihvd.arrivals`), with each rank's machine (:func:`host_key`); a rank's lag
-in a step is its release time minus the earliest of its machine's ranks. Ranks on
-different machines are not compared (their clocks are not the same), so a rank
-alone on its machine has lag 0. :class:`LagPool` keeps each rank's last
-:data:`LAG_SAMPLES` lags; its charge is their mean with the rarest slowest winsorised
-(a one-off pause is not a lag). A lag above :data:`MAX_LAG` seconds is taken as a
-clock that is not shared after all (a container with its own time namespace) and
-left out.
+:mod:`omnihvd.arrivals`), with each rank's machine (:func:`host_key`) and CPUs
+(:func:`release_lags`). Ranks on different machines are not compared (their clocks
+are not the same). :class:`LagPool` keeps each rank's last :data:`LAG_SAMPLES` lags;
+its charge is their mean with the rarest slowest winsorised (a one-off pause is not a
+lag). A lag above :data:`MAX_LAG` seconds is taken as a clock that is not shared
+after all (a container with its own time namespace) and left out.
 
 Pure numpy, deterministic: the same table gives the same charges on every rank.
 
 >>> import numpy as np
->>> releases = np.array([[100.000, 100.004, 100.003],
-...                      [100.050, 100.053, 100.052]])
->>> release_lags(releases, hosts=[7.0, 7.0, 7.0]).round(4).tolist()
-[[0.0, 0.004, 0.003], [0.0, 0.003, 0.002]]
->>> release_lags(releases, hosts=[7.0, 7.0, 9.0]).round(4).tolist()   # rank 2 alone
-[[0.0, 0.004, 0.0], [0.0, 0.003, 0.0]]
+>>> releases = np.array([[100.000, 100.004, 100.002],
+...                      [100.050, 100.053, 100.055]])
+>>> # rank 0 alone on its CPUs, ranks 1 and 2 sharing theirs: each charged their mean
+>>> release_lags(releases, hosts=[7.0] * 3, cpusets=[1.0, 2.0, 2.0]).round(4).tolist()
+[[0.0, 0.003, 0.003], [0.0, 0.004, 0.004]]
+>>> release_lags(releases, hosts=[7.0] * 3, cpusets=[2.0] * 3).tolist()   # all on one set
+[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
 """
 import os
 import socket
+import warnings
 import zlib
 
 import numpy as np
 
 from .timing import _clip_rare
 
-__all__ = ["LAG_SAMPLES", "MIN_LAGS", "MAX_LAG", "host_key", "release_lags", "LagPool"]
+__all__ = ["LAG_SAMPLES", "MIN_LAGS", "MAX_LAG", "host_key", "cpuset_key", "release_lags",
+           "LagPool"]
 
 # Lags kept per rank: the steps of a few windows (one window sends up to 32).
 LAG_SAMPLES = 64
@@ -83,27 +88,59 @@ def host_key() -> float:
     return float(zlib.crc32(name.encode()))
 
 
-def release_lags(releases, hosts) -> np.ndarray:
-    """Each rank's lag in each step: its release time minus the earliest release of
-    its machine's ranks in that step (NaN where its release is missing, or the lag
-    exceeds :data:`MAX_LAG`).
+def cpuset_key() -> float:
+    """The CPUs this process may run on, as a float-exact number (the crc32 of their
+    sorted list; 0 where the platform does not say).
+
+    >>> cpuset_key() == cpuset_key() and 0 <= cpuset_key() < 2 ** 32
+    True
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is None:
+        return 0.0
+    return float(zlib.crc32(",".join(str(c) for c in sorted(affinity(0))).encode()))
+
+
+def release_lags(releases, hosts, cpusets) -> np.ndarray:
+    """Each rank's lag in each step: how much later than the first rank of its
+    machine *on other CPUs* the ranks on its own CPUs resumed, on average (NaN where
+    its release is missing or a lag exceeds :data:`MAX_LAG`).
+
+    A group of ranks on the same CPUs takes turns on them, and the order of the turns
+    shifts with the split: charging each its own place in the order made ranks of
+    equal speed unequal (4 ranks over 2 shared cores). What the group as a whole
+    resumes later than the ranks on other CPUs is what its placement costs, so every
+    member is charged the group's mean. A group that resumed first, or that has no
+    other CPUs beside it on its machine, has lag 0.
 
     Args:
         releases: ``(steps, ranks)`` release times, seconds on each machine's
             monotonic clock (NaN: none), aligned by step.
         hosts: one :func:`host_key` per rank.
+        cpusets: one :func:`cpuset_key` per rank.
     """
     r = np.asarray(releases, dtype=np.float64)
     h = np.asarray(hosts, dtype=np.float64)
+    c = np.asarray(cpusets, dtype=np.float64)
     lags = np.full(r.shape, np.nan)
-    if r.ndim != 2 or r.shape[1] != h.size:
+    if r.ndim != 2 or r.shape[1] != h.size or c.shape != h.shape:
         return lags
-    with np.errstate(invalid="ignore"):
+    seen = np.isfinite(r)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # steps without a release
         for host in np.unique(h):
-            mine = h == host
-            first = np.nanmin(np.where(np.isfinite(r[:, mine]), r[:, mine], np.inf), axis=1)
-            lags[:, mine] = r[:, mine] - first[:, None]
-        lags[~(np.isfinite(lags) & (lags >= 0) & (lags <= MAX_LAG))] = np.nan
+            for cpus in np.unique(c[h == host]):
+                group = (h == host) & (c == cpus)
+                others = (h == host) & (c != cpus)
+                if not others.any():
+                    lags[:, group] = np.where(seen[:, group], 0.0, np.nan)
+                    continue
+                first = np.nanmin(np.where(seen[:, others], r[:, others], np.inf), axis=1)
+                first[~np.isfinite(first)] = np.nan   # no other CPUs' release this step
+                behind = np.maximum(r[:, group] - first[:, None], 0.0)
+                mean = np.nanmean(np.where(np.isfinite(behind), behind, np.nan), axis=1)
+                lags[:, group] = np.where(seen[:, group], mean[:, None], np.nan)
+        lags[~(np.isfinite(lags) & (lags <= MAX_LAG))] = np.nan
     return lags
 
 
@@ -114,7 +151,7 @@ class LagPool:
     or their placement change.
 
     >>> pool = LagPool(2)
-    >>> pool.add(release_lags([[100.0, 100.004]] * 8, hosts=[1.0, 1.0]))
+    >>> pool.add(release_lags([[100.0, 100.004]] * 8, hosts=[1.0, 1.0], cpusets=[1.0, 2.0]))
     >>> pool.charges().round(4).tolist()
     [0.0, 0.004]
     """

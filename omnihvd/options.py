@@ -122,7 +122,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
                     adjust_every=20, policy="affine", settle_steps=1, timing=DEFAULT_SUMMARY,
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
                     history_size=1000, device_sync="auto", cpu_quota="auto", tune_split=False,
-                    balance_arrivals=False, release_lag=False, batchnorm_layers: Sequence[str] = (),
+                    balance_arrivals=False, release_lag=True, batchnorm_layers: Sequence[str] = (),
                     log_floor: bool = False) -> Tuple[Options, Controller]:
     """Check the callback's options and build its controller.
 

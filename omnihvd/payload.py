@@ -1,11 +1,11 @@
 """What each rank contributes to the adjustment allgather, and how the gathered matrix reads.
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
-float64 (88 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
+float64 (96 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
-``release_lag=True`` (344 bytes in all with one of them):
+``release_lag=True`` (the default: 352 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -22,7 +22,8 @@ col   name       meaning
 9     BLOCKS     which per-step blocks follow: the sum of 2**k over the k-th
                  block of STEP_BLOCKS present
 10    HOST       this rank's machine (:func:`omnihvd.lags.host_key`)
-11-   per step   each block present: the value of each of the window's last
+11    CPUS       the CPUs this rank may run on (:func:`omnihvd.lags.cpuset_key`)
+12-   per step   each block present: the value of each of the window's last
                  steps (NaN: none), aligned by step: its column j is the same
                  step on every rank
 ====  =========  ==========================================================
@@ -47,8 +48,8 @@ from .errors import RankMismatchError
 
 __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered"]
 
-TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST = range(11)
-PAYLOAD_FIELDS = 11  # float64 per rank per adjustment, before the per-step blocks
+TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST, CPUS = range(12)
+PAYLOAD_FIELDS = 12  # float64 per rank per adjustment, before the per-step blocks
 # the per-step blocks (Measurement fields), in column order: "arrivals" the steps'
 # local times (balance_arrivals), "releases" their release times (release_lag)
 STEP_BLOCKS = ("arrivals", "releases")
@@ -64,7 +65,7 @@ def digest(sizes: Sequence[int]) -> float:
 
 
 def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
-                cap: int, host: float = 0.0) -> List[float]:
+                cap: int, host: float = 0.0, cpus: float = 0.0) -> List[float]:
     """This rank's row of the gather.
 
     Args:
@@ -74,6 +75,7 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         lookahead: steps beyond the current one this rank has handed out.
         cap: this rank's memory cap.
         host: this rank's machine (:func:`omnihvd.lags.host_key`).
+        cpus: the CPUs it may run on (:func:`omnihvd.lags.cpuset_key`).
 
     Returns:
         list of :data:`PAYLOAD_FIELDS` floats in column order, then ARRIVAL_STEPS
@@ -83,7 +85,7 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
     row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
     row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
-    row[HOST] = host
+    row[HOST], row[CPUS] = host, cpus
     for k, name in enumerate(STEP_BLOCKS):
         values = getattr(measured, name)
         if values is not None:
@@ -106,6 +108,7 @@ class Gathered(NamedTuple):
     period_errors: np.ndarray  # their standard errors
     arrivals: Optional[np.ndarray] = None  # (steps, ranks) single steps' local times
     hosts: Optional[np.ndarray] = None     # each rank's machine
+    cpusets: Optional[np.ndarray] = None   # the CPUs each rank may run on
     releases: Optional[np.ndarray] = None  # (steps, ranks) single steps' release times
 
 
@@ -132,4 +135,4 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
                     periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR],
-                    hosts=matrix[:, HOST], **per_step)
+                    hosts=matrix[:, HOST], cpusets=matrix[:, CPUS], **per_step)

@@ -2,6 +2,7 @@
 allreduce (omnihvd.lags), and how the controller and the cadence use it. Pure, single
 process."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -9,28 +10,50 @@ import pytest
 from omnihvd.cadence import Cadence
 from omnihvd.controller import Controller
 from omnihvd.errors import ConfigError
-from omnihvd.lags import LAG_SAMPLES, MAX_LAG, MIN_LAGS, LagPool, host_key, release_lags
+from omnihvd.lags import (LAG_SAMPLES, MAX_LAG, MIN_LAGS, LagPool, cpuset_key, host_key,
+                          release_lags)
 
 pytestmark = pytest.mark.unit
 
 NAN = float("nan")
 
 
-def test_a_lag_is_counted_from_the_first_release_on_the_same_machine():
+def test_a_group_on_the_same_cpus_is_charged_its_mean_lag_behind_the_others():
+    # ranks 0-2 on machine 1: rank 0 alone on its CPUs, ranks 1 and 2 sharing theirs;
+    # rank 3 alone on machine 2 (another clock: never compared)
     releases = [[50.000, 50.003, 50.001, 80.000],
-                [50.040, 50.041, 50.046, 80.030]]
-    lags = release_lags(releases, hosts=[1.0, 1.0, 1.0, 2.0])
-    assert lags.round(4).tolist() == [[0.0, 0.003, 0.001, 0.0], [0.0, 0.001, 0.006, 0.0]]
+                [50.040, 50.041, 50.047, 80.030]]
+    lags = release_lags(releases, hosts=[1.0, 1.0, 1.0, 2.0], cpusets=[5.0, 6.0, 6.0, 5.0])
+    assert lags.round(4).tolist() == [[0.0, 0.002, 0.002, 0.0], [0.0, 0.004, 0.004, 0.0]]
+
+
+def test_ranks_that_all_share_their_cpus_have_no_lag():
+    # the order in which they take turns is no rank's cost
+    releases = [[10.000, 10.005, 10.002], [10.040, 10.041, 10.049]]
+    lags = release_lags(releases, hosts=[1.0] * 3, cpusets=[4.0] * 3)
+    assert lags.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
 
 
 def test_a_missing_release_or_a_clock_not_shared_gives_no_lag():
-    releases = [[NAN, 10.002, 10.001],            # rank 0 has none: the others still count
+    releases = [[NAN, 10.002, 10.001],               # rank 0 has none: the others still count
                 [10.0, 10.0 + 2 * MAX_LAG, 10.001]]  # rank 1's clock is another one
-    lags = release_lags(releases, hosts=[3.0, 3.0, 3.0])
+    lags = release_lags(releases, hosts=[3.0] * 3, cpusets=[1.0, 2.0, 3.0])
     assert math.isnan(lags[0, 0]) and lags[0, 1:].round(4).tolist() == [0.001, 0.0]
     assert math.isnan(lags[1, 1]) and lags[1, 2].round(4) == 0.001
-    assert release_lags([[1.0, 2.0]], hosts=[1.0]).shape == (1, 2)   # malformed: all NaN
-    assert np.isnan(release_lags([[1.0, 2.0]], hosts=[1.0])).all()
+    # a step in which no rank on other CPUs has a release says nothing
+    lags = release_lags([[NAN, 10.002]], hosts=[1.0, 1.0], cpusets=[1.0, 2.0])
+    assert np.isnan(lags).all()
+    malformed = release_lags([[1.0, 2.0]], hosts=[1.0], cpusets=[1.0])
+    assert malformed.shape == (1, 2) and np.isnan(malformed).all()
+
+
+def test_the_cpuset_key_follows_the_affinity(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 0}, raising=False)
+    key = cpuset_key()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cpuset_key() == key == float(int(key))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert cpuset_key() != key
 
 
 def test_the_host_key_is_a_float_exact_machine_identity():
@@ -125,9 +148,10 @@ def test_the_cadence_keeps_each_steps_release_and_decides_with_the_lags():
     cad.begin_step([30, 30])
     releases = cad.close().releases
     assert releases.shape == (1,) and math.isnan(releases[0])
-    # the gathered table: rank 1 resumes 5 ms after rank 0 on the same machine
+    # the gathered table: rank 1 resumes 5 ms after rank 0 on other CPUs of its machine
     table = [[100.0 + s, 100.005 + s] for s in range(MIN_LAGS)]
-    cad.decide(7, [30, 30], [0.1, 0.1], [0.0, 0.0], [4, 4], releases=table, hosts=[1.0, 1.0])
+    cad.decide(7, [30, 30], [0.1, 0.1], [0.0, 0.0], [4, 4], releases=table, hosts=[1.0, 1.0],
+               cpusets=[1.0, 2.0])
     assert cad.controller.lag_charges().round(4).tolist() == [0.0, 0.005]
 
 

@@ -26,7 +26,8 @@ def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
 def test_a_row_has_the_columns_in_order():
     row = payload_row(Measurement(time=0.25, error=0.01, count=9, period=0.5, period_error=0.02),
                       [10, 30], 1, 2, 28)
-    assert len(row) == PAYLOAD_FIELDS == 11 and row[payload.BLOCKS] == 0 and row[payload.HOST] == 0
+    assert len(row) == PAYLOAD_FIELDS == 12 and row[payload.BLOCKS] == 0
+    assert row[payload.HOST] == row[payload.CPUS] == 0
     assert row[payload.TIME] == 0.25 and row[payload.COUNT] == 9 and row[payload.ERROR] == 0.01
     assert row[payload.SIZE] == 30 and row[payload.AHEAD] == 2 and row[payload.CAP] == 28
     assert row[payload.DIGEST] == digest([10, 30])
@@ -55,13 +56,14 @@ def test_release_times_and_local_times_per_step_come_back_as_separate_tables():
     local = [np.array([0.1, 0.2]), np.array([0.3, 0.4])]
     releases = [np.array([1000.01, np.nan]), np.array([1000.02, 1000.07])]
     rows = [payload_row(Measurement(time=0.2, error=0.0, count=2, arrivals=local[r],
-                                    releases=releases[r]), [10, 30], r, 0, 40, host=5.0 + r)
+                                    releases=releases[r]), [10, 30], r, 0, 40, host=5.0 + r,
+                        cpus=7.0)
             for r in (0, 1)]
     assert all(len(r) == PAYLOAD_FIELDS + 2 * ARRIVAL_STEPS for r in rows)
     got = read_gathered(np.array(rows), step=3)
     assert got.arrivals.tolist() == [[0.1, 0.3], [0.2, 0.4]]
     assert got.releases[0].tolist() == [1000.01, 1000.02] and got.releases[1, 1] == 1000.07
-    assert got.hosts.tolist() == [5.0, 6.0]
+    assert got.hosts.tolist() == [5.0, 6.0] and got.cpusets.tolist() == [7.0, 7.0]
     # release times alone (the default: release_lag without balance_arrivals)
     rows = [payload_row(Measurement(time=0.2, error=0.0, count=2, releases=releases[r]),
                         [10, 30], r, 0, 40) for r in (0, 1)]
