@@ -300,7 +300,6 @@ class OmniLearnCallback(ScheduledSizes):
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
         self._update_began = None     # perf_counter at the optimizer update's start
-        self._waiting = False         # this step reached its wait boundary, not yet released
         self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
         self._began = None            # (step, perf_counter) of the last on_batch_begin
         self._warned_sync = False
@@ -425,7 +424,7 @@ class OmniLearnCallback(ScheduledSizes):
                                               self.loss_reduction)
         self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
-        self._update_began, self._step_depth, self._waiting = None, 0, False
+        self._update_began, self._step_depth = None, 0
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
 
@@ -545,7 +544,6 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._timer.running:
             return False
         self._timer.mark_wait()
-        self._waiting = True
         self._record()
         self._timer.stop()
         return True
@@ -553,12 +551,11 @@ class OmniLearnCallback(ScheduledSizes):
     def _released(self, now: float):
         """The gradients' synchronize returned at ``now`` (``time.perf_counter()``):
         offer it as this step's release time (:mod:`omnihvd.lags`), once, if the step
-        had a clean wait boundary and this rank runs under no CPU quota (a rank under
-        one resumes late when its quota is spent, which the quota floor already
-        charges)."""
-        if self._waiting and not self._drop_sample and self._timer.cpu_cores is None:
+        had a clean wait boundary (its local time was recorded there) and this rank
+        runs under no CPU quota (a rank under one resumes late when its quota is
+        spent, which the quota floor already charges)."""
+        if self._recorded and not self._drop_sample and self._timer.cpu_cores is None:
             self.cadence.record_release(now)
-        self._waiting = False
 
     def _record(self):
         if not self._recorded:

@@ -59,6 +59,7 @@ import zlib
 
 import numpy as np
 
+from .payload import digest
 from .timing import _clip_rare
 
 __all__ = ["LAG_SAMPLES", "MIN_LAGS", "MAX_LAG", "host_key", "cpuset_key", "release_lags",
@@ -89,8 +90,9 @@ def host_key() -> float:
 
 
 def cpuset_key() -> float:
-    """The CPUs this process may run on, as a float-exact number (the crc32 of their
-    sorted list; 0 where the platform does not say).
+    """The CPUs this process may run on, as a float-exact number (the
+    :func:`omnihvd.payload.digest` of their sorted list; 0 where the platform does
+    not say).
 
     >>> cpuset_key() == cpuset_key() and 0 <= cpuset_key() < 2 ** 32
     True
@@ -98,7 +100,7 @@ def cpuset_key() -> float:
     affinity = getattr(os, "sched_getaffinity", None)
     if affinity is None:
         return 0.0
-    return float(zlib.crc32(",".join(str(c) for c in sorted(affinity(0))).encode()))
+    return digest(sorted(affinity(0)))
 
 
 def release_lags(releases, hosts, cpusets) -> np.ndarray:
@@ -163,12 +165,14 @@ class LagPool:
 
     def forget(self):
         self._lags = np.empty((0, self.num_ranks))
+        self._charges = np.zeros(self.num_ranks)
 
     def add(self, lags):
         """Add one window's ``(steps, ranks)`` lags (:func:`release_lags`; NaN: none)."""
         lags = np.asarray(lags, dtype=np.float64)
         if lags.ndim == 2 and lags.shape[1] == self.num_ranks:
             self._lags = np.concatenate([self._lags, lags])[-self.samples:]
+            self._charges = self._mean_lags()
 
     def counts(self) -> np.ndarray:
         """How many lags each rank holds."""
@@ -177,7 +181,10 @@ class LagPool:
     def charges(self) -> np.ndarray:
         """Seconds to add to each rank's local time: the mean of its pooled lags, the
         slowest tenth winsorised (:func:`omnihvd.timing.sustained_step_time`'s
-        rule); 0 below :data:`MIN_LAGS` lags."""
+        rule); 0 below :data:`MIN_LAGS` lags. Computed once per :meth:`add`."""
+        return self._charges.copy()
+
+    def _mean_lags(self) -> np.ndarray:
         counts = self.counts()
         if not self._lags.size:
             return np.zeros(self.num_ranks)
