@@ -551,10 +551,8 @@ class OmniLearnCallback(ScheduledSizes):
     def _released(self, now: float):
         """The gradients' synchronize returned at ``now`` (``time.perf_counter()``):
         offer it as this step's release time (:mod:`omnihvd.lags`), once, if the step
-        had a clean wait boundary (its local time was recorded there) and this rank
-        runs under no CPU quota (a rank under one resumes late when its quota is
-        spent, which the quota floor already charges)."""
-        if self._recorded and not self._drop_sample and self._timer.cpu_cores is None:
+        had a clean wait boundary (its local time was recorded there)."""
+        if self._recorded and not self._drop_sample:
             self.cadence.record_release(now)
 
     def _record(self):

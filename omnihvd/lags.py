@@ -24,11 +24,14 @@ while in 3:1:1:1 it ran at 1.04x (1.02-1.14) the controller without it
 (docs/real-heterogeneity.rst, "Release lag"). Ranks that all share their CPUs, or
 each have their own, are charged about nothing.
 
-A rank under a CPU quota sends no release times: it also resumes late when its quota
-for the period is spent, a stall its quota floor (:mod:`omnihvd.timing`) charges in
-its own way; measured with lags under quotas (HL8 quotas with core sets, quotas
-100/60/30%), the split ran at 0.985 and 0.987 of the one without, and ranks of equal
-quotas ended up to 17 and 24 samples apart.
+Ranks under CPU quotas are charged the same way. Under a quota a rank also resumes
+late when its quota for the period is spent, and ranks of equal quotas on one core
+resume in turns: the first version, charging each rank its own lag, put two ranks of
+equal quotas at 17-27 and 24-28 samples (25-28 both without it) and ran at 0.985 of
+the split without it (HL8 quotas with core sets). Charged by groups, over 10 launches
+there the split ran at 1.007 (0.996-1.027) of the one without and at 0.987
+(0.959-1.011) of the best fixed split (without: 0.967), and with quotas 100/60/30%
+and core sets at 0.997 (0.962-1.021) of the one without (docs/real-heterogeneity.rst).
 
 How it is measured: each rank notes the moment its synchronize returns (where its
 update begins), on the clock ``time.perf_counter`` reads, which is the system's
