@@ -149,10 +149,10 @@ class OmniLearnCallback(ScheduledSizes):
             more floats per rank) and the controller balances local time plus lag:
             the ranks' arrivals (:mod:`omnihvd.lags`). Ranks on the same CPUs are
             charged their group's mean; ranks that all share their CPUs, or each
-            have their own, about nothing; a rank under a CPU quota nothing. On this
+            have their own, about nothing; ranks under CPU quotas alike. On this
             project's 2-core VM, one rank alone on a core beside three sharing the
-            other: 1.056x (1.031-1.075) the split without it
-            (docs/real-heterogeneity.rst, "Release lag").
+            other: 1.056x (1.031-1.075) the split without it; HL8 quotas with core
+            sets: 1.007x (0.993-1.027) (docs/real-heterogeneity.rst, "Release lag").
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
