@@ -32,8 +32,8 @@ the split without it (HL8 quotas with core sets). Charged by groups, over 15 lau
 there the split ran at 1.007 (0.993-1.027) of the one without (without: 0.970 of the
 best fixed split), and over 20 at 0.990 (0.976-1.001) of the best fixed split; with
 quotas 100/60/30% and core sets at 0.997 (0.962-1.021), under HL4 quotas with core
-sets at 0.996 (0.934-1.001) of the one without and 0.980 (0.968-0.991) of the best
-fixed split over 20 launches (docs/real-heterogeneity.rst).
+sets at 0.996 (0.934-1.001) of the one without and 0.987 (0.972-0.997) of the best
+fixed split over 25 launches (docs/real-heterogeneity.rst).
 
 How it is measured: each rank notes the moment its synchronize returns (where its
 update begins), on the clock ``time.perf_counter`` reads, which is the system's
