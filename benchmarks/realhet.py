@@ -187,6 +187,30 @@ def candidate_splits(phases: List[Phase], B: int, lambdas: Sequence[float],
     return out
 
 
+def given_splits(text: str, num_ranks: int, B: int) -> List[List[int]]:
+    """``--splits``: fixed splits joined by ``/``, each of ``num_ranks`` positive sizes
+    summing to the global batch ``B``; SystemExit naming the one that is not.
+
+    >>> given_splits("141,39,38,38/141,38,39,38", 4, 256)
+    [[141, 39, 38, 38], [141, 38, 39, 38]]
+    >>> given_splits("100,100", 4, 256)
+    Traceback (most recent call last):
+    ...
+    SystemExit: --splits: 100,100 is not 4 positive sizes summing to the global batch 256
+    """
+    out = []
+    for part in (p for p in text.split("/") if p):
+        try:
+            split = [int(v) for v in part.split(",")]
+        except ValueError:
+            split = []
+        if len(split) != num_ranks or min(split) < 1 or sum(split) != B:
+            raise SystemExit("--splits: %s is not %d positive sizes summing to the global "
+                             "batch %d" % (part, num_ranks, B))
+        out.append(split)
+    return out
+
+
 # ------------------------------------------------------------------ one run
 
 # The variable that holds a rank's number in its environment, by launcher.
@@ -534,6 +558,7 @@ def run_scenario(args, name: str, spec: str) -> dict:
     B = args.batch_per_rank * n
     modes = [(m, None) for m in ("plain", "omnihvd", "tuned") if m in args.modes]
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
+    candidates += [s for s in given_splits(args.splits, n, B) if s not in candidates]
     modes += [(m, s) for m in ("fixed", "seeded") if m in args.modes for s in candidates]
     if "alternate" in args.modes:
         # --equal-turn: plain Horovod's split as a fixed turn, timed in the same launch
@@ -632,8 +657,10 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     turn: the median over launches of its time over the first turn's in the same
     launch (``first_over``: the first turn's throughput over it, omnihvd's over a fixed
     split; above 1 the first is faster), a 95% bootstrap interval of that median over
-    launches (``median_interval``), and in how many launches it was the fastest. None
-    without such launches.
+    launches (``median_interval``), in how many launches it was the fastest, and two
+    spreads over launches (``spread``): of its own times (``spread``: whatever moves the
+    machine's speed between launches, too) and of ``first_over`` (``first_over_spread``:
+    what pairing leaves). None without such launches.
 
     >>> runs = [{"mode": "alternate", "repeat": r, "measured_s": 1.0,
     ...          "split": [["omnihvd", [1, 2]][(i + r) % 2] for i in range(2)],
@@ -645,6 +672,8 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     (['omnihvd', [1, 2]], [1.0, 2.0], [3, 0])
     >>> doc["per_launch"][1]
     [1.1, 2.2]
+    >>> doc["spread"], doc["first_over_spread"]   # the launches' speeds apart, not the pair
+    ([0.545, 0.455], [0.0, 0.062])
     """
     done = sorted((r for r in runs if r["mode"] == "alternate" and "measured_s" in r),
                   key=lambda r: r["repeat"])
@@ -666,8 +695,24 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     return {"turns": turns, "launches": len(done), "per_launch": per_launch,
             "first_over": [round(statistics.median(col), 3) for col in zip(*ratios)],
             "first_over_ci": [median_interval(list(col)) for col in zip(*ratios)],
+            "spread": [_round3(spread(col)) for col in zip(*per_launch)],
+            "first_over_spread": [_round3(spread(col)) for col in zip(*ratios)],
             "fastest": [sum(min(range(len(t)), key=t.__getitem__) == i for t in per_launch)
                         for i in range(len(turns))]}
+
+
+def spread(values: Sequence[float]) -> Optional[float]:
+    """How far repeats of one measurement lie apart: ``(max - min) / median``; None
+    with fewer than two.
+
+    >>> round(spread([4.0, 4.4, 4.2]), 3)
+    0.095
+    """
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None
+
+
+def _round3(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 3)
 
 
 def median_interval(values: Sequence[float], level: float = 0.95, draws: int = 4000,
@@ -746,9 +791,6 @@ def summarize(name, spec, phases, B, runs, args) -> dict:
 
     def ratio(a, b):
         return a / b if a and b else None
-
-    def spread(times):
-        return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else None
 
     return with_held_out({
         "scenario": name, "spec": spec, "ranks": phases[0].num_ranks, "global_batch": B,
@@ -977,16 +1019,23 @@ def markdown(doc) -> str:
                 "with a mid-run change, each turn's mean epoch over both phases): "
                 "per turn, the median over launches of the first turn's (omnihvd's) throughput "
                 "over the turn's in the same launch (its time over the first's), a 95% interval "
-                "over launches, and the launches in which the turn was the fastest:", "",
-                "| scenario | launches | turn | omnihvd / turn, same launch | fastest in |",
-                "|---|---|---|---|---|"]
+                "over launches, the launches in which the turn was the fastest, and the "
+                "spread over launches ((max - min) / median) of the turn's own time and of "
+                "its paired ratio:", "",
+                "| scenario | launches | turn | omnihvd / turn, same launch | fastest in "
+                "| spread: time | spread: omnihvd / turn |",
+                "|---|---|---|---|---|---|---|"]
         for s in alternated:
             a = s["alternation"]
-            for i, turn in enumerate(a["turns"]):
-                out.append("| %s | %s | %s | %s%s | %d |" % (
+            spreads = zip(a.get("spread") or [None] * len(a["turns"]),
+                          a.get("first_over_spread") or [None] * len(a["turns"]))
+            for i, (turn, (own, paired)) in enumerate(zip(a["turns"], spreads)):
+                out.append("| %s | %s | %s | %s%s | %d | %s | %s |" % (
                     s["scenario"] if i == 0 else "", a["launches"] if i == 0 else "",
                     turns_text([turn]), _fmt(a["first_over"][i], "%.3f"),
-                    _interval(a["first_over_ci"][i], "%.3f"), a["fastest"][i]))
+                    _interval(a["first_over_ci"][i], "%.3f"), a["fastest"][i],
+                    _fmt(own and 100 * own, "%.1f%%"),
+                    "-" if i == 0 else _fmt(paired and 100 * paired, "%.1f%%")))
     out.append("")
     out.append("Fixed splits tried (median s): " + "; ".join(
         "%s: %s" % (s["scenario"], ", ".join("%s %s" % (",".join(map(str, f["split"])),
@@ -1037,6 +1086,9 @@ def parse_args(argv=None):
                         "turn, after the balancing turns")
     p.add_argument("--lambdas", default="0.8,1,1.2,1.4",
                    help="fixed splits: equal + lambda * (proportional to shares - equal)")
+    p.add_argument("--splits", default="",
+                   help="more fixed splits to time, joined by / (141,39,38,38/154,34,34,34): "
+                        "beside the lambdas' (--lambdas '' for these alone)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the ranks (repeatable)")
@@ -1074,7 +1126,7 @@ def parse_args(argv=None):
     bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed", "seeded", "alternate"}
     if bad:
         p.error("unknown modes %s" % sorted(bad))
-    args.lambdas = [float(v) for v in args.lambdas.split(",")]
+    args.lambdas = [float(v) for v in args.lambdas.split(",") if v]
     args.turns = [t for t in args.turns.split(",") if t]
     if not args.turns or {t.split(":")[0] for t in args.turns} - {"omnihvd", "tuned",
                                                                      "arrivals", "means"}:

@@ -82,6 +82,33 @@ def test_each_mode_runs_once_in_each_position_over_as_many_repeats(monkeypatch):
     assert realhet.position_effect(runs) == [1.0, 1.0, 1.0, 1.0]
 
 
+def test_given_splits_are_timed_beside_the_lambdas_and_bad_ones_refused(monkeypatch):
+    timed = []
+
+    def fake_run(args, phases, mode, split, tag):
+        timed.append(split)
+        return {"mode": mode, "split": split, "foreign_cpu_s": 0.0, "steal_s": 0.0,
+                "measured_s": 1.0, "final_sizes": split}
+
+    monkeypatch.setattr(realhet, "run_once", fake_run)
+    monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
+    args = realhet.parse_args(["--modes", "fixed", "--repeats", "1", "--lambdas", "1",
+                               "--splits", "100,46,46/96,48,48"])   # the second is lambda 1's
+    args.available = [0, 1]
+    realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+    assert timed == [[96, 48, 48], [100, 46, 46]]
+    args = realhet.parse_args(["--modes", "fixed", "--repeats", "1", "--lambdas", "",
+                               "--splits", "100,46,46"])
+    args.available = [0, 1]
+    timed.clear()
+    realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+    assert timed == [[100, 46, 46]]
+    for bad in ("100,92", "100,46,45", "192,0,0", "a,b,c"):
+        args.splits = bad
+        with pytest.raises(SystemExit, match="--splits: .* summing to the global batch 192"):
+            realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+
+
 def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_launch(
         monkeypatch, tmp_path):
     # Launch speeds differ 4x; within every launch the split 128,32,32 is 20% slower than
@@ -109,6 +136,8 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
     assert alt["turns"] == turns and alt["launches"] == 3
     assert alt["first_over"] == [1.0, 1.0, 1.2] and alt["fastest"] == [3, 0, 0]
     assert alt["first_over_ci"][2] == [1.2, 1.2]
+    # the launches' speeds (2, 3, 4) spread each turn's own time; pairing removes them
+    assert alt["spread"] == [round(2 / 3, 3)] * 3 and alt["first_over_spread"] == [0.0] * 3
     doc = {"scenarios": [result], "command": "x", "code_tree": "t", "code_version": "v",
            "finished": "now", "machine": {"platform": "p", "cpus": 2}}
     assert "| 2:1:1 | 3 | omnihvd | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
