@@ -658,9 +658,9 @@ def alternation(runs: List[dict]) -> Optional[dict]:
     launch (``first_over``: the first turn's throughput over it, omnihvd's over a fixed
     split; above 1 the first is faster), a 95% bootstrap interval of that median over
     launches (``median_interval``), in how many launches it was the fastest, and two
-    spreads over launches (``spread``): of its own times (``spread``: whatever moves the
-    machine's speed between launches, too) and of ``first_over`` (``first_over_spread``:
-    what pairing leaves). None without such launches.
+    spreads over launches (:func:`spread`): ``spread`` of the turn's own times (which
+    the launch's speed moves too) and ``first_over_spread`` of its ratio to the first
+    turn (what pairing leaves). None without such launches.
 
     >>> runs = [{"mode": "alternate", "repeat": r, "measured_s": 1.0,
     ...          "split": [["omnihvd", [1, 2]][(i + r) % 2] for i in range(2)],

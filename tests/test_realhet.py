@@ -140,8 +140,8 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
     assert alt["spread"] == [round(2 / 3, 3)] * 3 and alt["first_over_spread"] == [0.0] * 3
     doc = {"scenarios": [result], "command": "x", "code_tree": "t", "code_version": "v",
            "finished": "now", "machine": {"platform": "p", "cpus": 2}}
-    assert "| 2:1:1 | 3 | omnihvd | 1.000 (1.000-1.000) | 3 |" in realhet.markdown(doc)
-    assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 |" in realhet.markdown(doc)
+    assert "| 2:1:1 | 3 | omnihvd | 1.000 (1.000-1.000) | 3 | 66.7% | - |" in realhet.markdown(doc)
+    assert "|  |  | 128,32,32 | 1.200 (1.200-1.200) | 0 | 66.7% | 0.0% |" in realhet.markdown(doc)
     with pytest.raises(SystemExit):   # argparse: --turns names balancing turns only
         realhet.parse_args(["--modes", "alternate", "--turns", "omnihvd,plain"])
     with pytest.raises(SystemExit):
