@@ -1027,8 +1027,7 @@ def markdown(doc) -> str:
                 "|---|---|---|---|---|---|---|"]
         for s in alternated:
             a = s["alternation"]
-            spreads = zip(a.get("spread") or [None] * len(a["turns"]),
-                          a.get("first_over_spread") or [None] * len(a["turns"]))
+            spreads = zip(a["spread"], a["first_over_spread"])
             for i, (turn, (own, paired)) in enumerate(zip(a["turns"], spreads)):
                 out.append("| %s | %s | %s | %s%s | %d | %s | %s |" % (
                     s["scenario"] if i == 0 else "", a["launches"] if i == 0 else "",
