@@ -16,6 +16,11 @@ first rank's in the same step, :mod:`omnihvd.lags`) and the *arrival* (its next
 entry of ``opt.step()`` minus that first release); and per epoch the mean period
 (first release to first release). Equal arrivals, not equal local times, make the
 shortest step. One machine only: the ranks' clocks are compared.
+
+And the *handoff*: from a step's last entry of ``opt.step()`` to its first release,
+the part of the allreduce no rank's local time or arrival holds. Per epoch its mean,
+the mean *gap* by which the last rank arrived after the one before it, and per rank
+how often it arrived last and the mean handoff of those steps (``-``: never).
 """
 import argparse
 import glob
@@ -106,11 +111,42 @@ def summarize_epoch(ranks_steps, skip=10):
         lag = (release - first[:, None])[skip:]
         arrive = (arrival[1:] - first[:-1, None])[skip:]
         period = np.diff(first)[skip:]
+        handoff = handoff_summary(arrival[skip:], first[skip:])
         return {"samples": [int(v) for v in np.nanmedian(_table(steps, "samples"), axis=0)],
                 "local_s": np.nanmean(_table(steps, "local")[skip:], axis=0).tolist(),
                 "lag_s": np.nanmean(lag, axis=0).tolist(),
                 "arrival_s": np.nanmean(arrive, axis=0).tolist(),
-                "period_s": float(np.nanmean(period)), "steps": int(len(period))}
+                "period_s": float(np.nanmean(period)), "steps": int(len(period)), **handoff}
+
+
+def handoff_summary(arrival, first):
+    """The handoff of each step whose every rank arrived (its first release ``first``
+    minus its last arrival), summarised: ``handoff_s`` (mean), ``gap_s`` (mean time
+    between the last two arrivals), ``last`` (steps each rank arrived last in) and
+    ``handoff_when_last_s`` (per rank, the mean handoff of those steps; NaN: none).
+
+    >>> out = handoff_summary(np.array([[1.00, 1.02], [2.03, 2.00], [3.00, 3.04]]),
+    ...                np.array([1.03, 2.05, 3.05]))
+    >>> out["last"], [round(v, 3) for v in out["handoff_when_last_s"]]
+    ([1, 2], [0.02, 0.01])
+    >>> round(out["handoff_s"], 4), round(out["gap_s"], 4)
+    (0.0133, 0.03)
+    """
+    whole = np.isfinite(arrival).all(axis=1) & np.isfinite(first)
+    a, f = arrival[whole], first[whole]
+    n = arrival.shape[1]
+    if not len(a):
+        return {"handoff_s": float("nan"), "gap_s": float("nan"), "last": [0] * n,
+                "handoff_when_last_s": [float("nan")] * n}
+    last = np.argmax(a, axis=1)
+    handoff = f - a.max(axis=1)
+    ordered = np.sort(a, axis=1)
+    when_last = [float(np.mean(handoff[last == r])) if np.any(last == r) else float("nan")
+                 for r in range(n)]
+    return {"handoff_s": float(np.mean(handoff)),
+            "gap_s": float(np.mean(ordered[:, -1] - ordered[:, -2])) if n > 1 else 0.0,
+            "last": [int(np.sum(last == r)) for r in range(n)],
+            "handoff_when_last_s": when_last}
 
 
 def summarize(folder, skip=10):
@@ -136,11 +172,14 @@ def summarize(folder, skip=10):
 def markdown(rows):
     ms = lambda values: " / ".join("%.1f" % (1000 * v) for v in values)  # noqa: E731
     lines = ["| launch | epoch | turn | samples | local ms | release lag ms | arrival ms "
-             "| period ms |", "|---|---|---|---|---|---|---|---|"]
+             "| period ms | handoff ms | gap ms | last in (steps) | handoff when last ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append("| %s | %d | %s | %s | %s | %s | %s | %.1f |" % (
+        lines.append("| %s | %d | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s | %s |" % (
             r["job"][-6:], r["epoch"], r["turn"], "/".join(map(str, r["samples"])),
-            ms(r["local_s"]), ms(r["lag_s"]), ms(r["arrival_s"]), 1000 * r["period_s"]))
+            ms(r["local_s"]), ms(r["lag_s"]), ms(r["arrival_s"]), 1000 * r["period_s"],
+            1000 * r["handoff_s"], 1000 * r["gap_s"], "/".join(map(str, r["last"])),
+            ms(r["handoff_when_last_s"]).replace("nan", "-")))
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """benchmarks/release_lags.py: per-step moments of each rank (the recorder train_turns.py
 uses) and their summary: release lags, arrivals, the period."""
 import doctest
+import math
 import os
 import sys
 
@@ -55,7 +56,10 @@ def test_each_step_is_recorded_with_its_release(tmp_path, monkeypatch):
     assert rows[0]["steps"] == 2 and rows[0]["period_s"] > 0
     assert rows[0]["local_s"] == [0.01, 0.01]
     assert all(lag >= 0 for lag in rows[0]["lag_s"])
+    # rank 1 recorded after rank 0 (one process): it arrived last in every step
+    assert rows[0]["last"] == [0, 3] and math.isnan(rows[0]["handoff_when_last_s"][0])
     assert "| job7 | 0 | omnihvd | 8/9 |" in release_lags.markdown(rows)
+    assert "| 0/3 | - / " in release_lags.markdown(rows)
 
 
 def test_off_without_the_folder(tmp_path, monkeypatch):
