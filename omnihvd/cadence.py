@@ -41,6 +41,7 @@ from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
 from .errors import ConfigError
 from .lags import release_lags
+from .lead import arrival_offsets
 from .timing import DEFAULT_SUMMARY, TimingWindow, _valid
 from .tuning import TiltSearch
 
@@ -61,6 +62,9 @@ class Measurement(NamedTuple):
     # the same steps' release times: when the gradients' synchronize returned, on the
     # machine's monotonic clock (omnihvd.lags)
     releases: Optional[np.ndarray] = None
+    # the same steps' arrival moments: when the rank began to wait for the others, on
+    # the same clock (omnihvd.lead)
+    arrived_at: Optional[np.ndarray] = None
 
 
 class Decision(NamedTuple):
@@ -133,6 +137,9 @@ class Cadence:
         releases: also keep each step's release time (:meth:`record_release`),
             aligned by step like ``arrivals``, for each rank's release lag
             (:mod:`omnihvd.lags`; the gathered table goes to :meth:`decide`).
+        arrived_at: also keep each step's arrival moment (:meth:`record_arrived`),
+            aligned by step like ``arrivals``, for the arrival lead
+            (:mod:`omnihvd.lead`; the gathered table goes to :meth:`decide`).
 
     Raises:
         ConfigError: malformed options.
@@ -140,7 +147,7 @@ class Cadence:
 
     def __init__(self, controller, *, adjust_every: int = 20, settle_steps: int = 1,
                  timing: str = DEFAULT_SUMMARY, tune_split: bool = False,
-                 arrivals: bool = False, releases: bool = False):
+                 arrivals: bool = False, releases: bool = False, arrived_at: bool = False):
         check_cadence(adjust_every, settle_steps)
         self.controller = controller
         self.adjust_every = int(adjust_every)
@@ -154,9 +161,10 @@ class Cadence:
         self._window_key = None
         # per-step series kept since the window opened, one slot per step (NaN: none),
         # the first settle_steps after a change of sizes left out: "arrivals" (local
-        # times) and "releases", as asked for
+        # times), "releases" and "arrived_at", as asked for
         self._series = {name: [] for name, kept in (("arrivals", arrivals),
-                                                     ("releases", releases)) if kept}
+                                                     ("releases", releases),
+                                                     ("arrived_at", arrived_at)) if kept}
         self._since_change = 0  # steps since the sizes changed
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
 
@@ -197,6 +205,11 @@ class Cadence:
         (``time.perf_counter()``; kept only with ``releases``; a step whose window
         was already gathered drops it)."""
         self._fill("releases", seconds)
+
+    def record_arrived(self, seconds: float):
+        """Offer the moment the running step began to wait for the others
+        (``time.perf_counter()``; kept only with ``arrived_at``)."""
+        self._fill("arrived_at", seconds)
 
     def record_period(self, seconds) -> bool:
         """Offer a step's period: its wall time, waiting for the others included
@@ -254,7 +267,8 @@ class Cadence:
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
                lookahead: int = 0, periods=None, period_errors=None,
-               arrivals=None, releases=None, hosts=None, cpusets=None) -> Decision:
+               arrivals=None, releases=None, hosts=None, cpusets=None,
+               arrived_at=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -269,6 +283,9 @@ class Cadence:
             releases, hosts, cpusets: the gathered ``(steps, ranks)`` release
                 times of the same steps, each rank's machine and its CPUs (None: no
                 rank is charged a release lag, :mod:`omnihvd.lags`).
+            arrived_at: the gathered ``(steps, ranks)`` arrival moments of the same
+                steps (with ``hosts``: the arrival lead, :mod:`omnihvd.lead`; None:
+                no lead).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -288,19 +305,22 @@ class Cadence:
         use_errors = errors is not None and self.timing != "mean"
         lags = None if releases is None or hosts is None or cpusets is None else release_lags(
             releases, hosts, cpusets)
+        offsets = None if arrived_at is None or hosts is None else arrival_offsets(arrived_at,
+                                                                                   hosts)
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         arrivals=arrivals, lags=lags)
+                                         arrivals=arrivals, lags=lags, offsets=offsets)
             return self.propose(step, sizes, new, lookahead=lookahead)
         period = _median_period(periods, period_errors)
         if tuner.probing:
             # a search's window: its local times still teach the controller's model
-            self.controller.observe(sizes, times, arrivals, lags)
+            self.controller.observe(sizes, times, arrivals, lags, offsets)
             probe = tuner.measured(*period)
         else:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         tilt=tuner.tilt, arrivals=arrivals, lags=lags)
+                                         tilt=tuner.tilt, arrivals=arrivals, lags=lags,
+                                         offsets=offsets)
             decision = self.propose(step, sizes, new, lookahead=lookahead)
             probe = tuner.after_decision(decision.changed, *period)
             if probe is None:

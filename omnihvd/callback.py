@@ -153,6 +153,15 @@ class OmniLearnCallback(ScheduledSizes):
             project's 2-core VM, one rank alone on a core beside three sharing the
             other: 1.056x (1.031-1.075) the split without it; HL8 quotas with core
             sets: 1.007x (0.993-1.027) (docs/real-heterogeneity.rst, "Release lag").
+        arrival_lead: also search how long after the others the rank with the
+            most samples should arrive (default True). Balanced means leave it
+            arriving last less often than its share of the batch where the others'
+            times vary (shared cores, CPU quotas), and the step is shortest where
+            it arrives last in that share of the steps. Each window's arrival
+            moments are gathered too (32 more floats per rank) and that rank's
+            *lead* moves by up to a twentieth of its local time per window until it
+            does (:mod:`omnihvd.lead`); ``cb.history`` records the lead. Ranks on
+            several machines keep a lead of 0. False: balanced means.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -206,7 +215,8 @@ class OmniLearnCallback(ScheduledSizes):
                  size_multiple: int = 1, loss_reduction: str = "mean",
                  history_size: int = 1000, abort_on_exception: Optional[bool] = None,
                  device_sync="auto", cpu_quota="auto", tune_split: bool = False,
-                 balance_arrivals: bool = False, release_lag: bool = True):
+                 balance_arrivals: bool = False, release_lag: bool = True,
+                 arrival_lead: bool = True):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -318,7 +328,7 @@ class OmniLearnCallback(ScheduledSizes):
         o = self._options
         return Cadence(self.controller, adjust_every=o.adjust_every, settle_steps=o.settle_steps,
                        timing=o.timing, tune_split=o.tune_split, arrivals=o.balance_arrivals,
-                       releases=o.release_lag)
+                       releases=o.release_lag, arrived_at=o.arrival_lead)
 
     def _install_abort(self):
         if self._abort_enabled and self._abort_handle is None:
@@ -562,6 +572,7 @@ class OmniLearnCallback(ScheduledSizes):
             self.last_step_time = None if self._drop_sample else local
             if self.last_step_time is not None:
                 self.cadence.record(local)
+                self.cadence.record_arrived(self._timer.wait_began)
                 if self._meter is not None:
                     self._meter.observe(self._step_sizes[self.rank], local)
 
@@ -625,6 +636,8 @@ class OmniLearnCallback(ScheduledSizes):
         decision = self._decision(got, capped)
         if self._options.release_lag:
             record["lag_charges"] = [float(v) for v in self.controller.lag_charges()]
+        if self._options.arrival_lead:
+            record["arrival_lead"] = self.controller.arrival_lead()
         record.update(new_sizes=decision.new_sizes or got.sizes, changed=decision.changed,
                       effective_step=decision.effective_step)
         if decision.skipped is not None:
@@ -652,7 +665,7 @@ class OmniLearnCallback(ScheduledSizes):
                                        lookahead=got.lookahead, periods=got.periods,
                                        period_errors=got.period_errors, arrivals=got.arrivals,
                                        releases=got.releases, hosts=got.hosts,
-                                       cpusets=got.cpusets)
+                                       cpusets=got.cpusets, arrived_at=got.arrived_at)
         if decision.skipped is not None and capped:
             # no usable timing, but the split must respect the new caps now
             forced = self.controller.split(self.schedule.latest)
@@ -662,12 +675,12 @@ class OmniLearnCallback(ScheduledSizes):
 
     def _log_change(self, got, decision, capped):
         if self.rank == 0:
-            charges = self.controller.lag_charges()
-            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s%s)",
+            charges, lead = self.controller.lag_charges(), self.controller.arrival_lead()
+            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s%s%s)",
                      self.step + 1, got.sizes, decision.new_sizes, decision.effective_step,
                      ", ".join("%.4g" % t for t in got.times),
                      "; release lags +%s" % ", ".join("%.4g" % c for c in charges) if charges.any()
-                     else "",
+                     else "", "; arrival lead %.4g" % lead if lead else "",
                      "; memory caps %s" % self.controller.hi.tolist() if capped else "")
 
     def report_oom(self, shrink: float = 0.8):

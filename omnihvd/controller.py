@@ -39,6 +39,7 @@ import numpy as np
 from .arrivals import ArrivalPool, last_arrival_split
 from .errors import ConfigError, InfeasibleError
 from .lags import LagPool
+from .lead import ArrivalLead
 from .timing import MAD_TO_SD
 from .tuning import tilt_weights
 
@@ -716,10 +717,11 @@ class Controller:
         self._pool_sizes, self._pool_sum, self._pool_count = None, None, None
         self._arrivals = ArrivalPool()
         self._lags = LagPool(self.num_ranks)
+        self._lead = ArrivalLead()
 
-    def observe(self, batch_sizes, times, arrivals=None, lags=None):
-        """Record one round of measurements without deciding (``arrivals`` and
-        ``lags``: see :meth:`decide`)."""
+    def observe(self, batch_sizes, times, arrivals=None, lags=None, offsets=None):
+        """Record one round of measurements without deciding (``arrivals``, ``lags``
+        and ``offsets``: see :meth:`decide`)."""
         b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
@@ -761,6 +763,7 @@ class Controller:
                 raise ConfigError("arrivals must be a (steps, %d) table of local times, got "
                                   "shape %s" % (self.num_ranks, arr.shape))
             self._arrivals.add(arr)
+        self._lead.observe(offsets, b, t)
 
     def _add_to_pool(self, b, t, changed):
         """Add a round to the pool of rounds at the current sizes (see :meth:`pooled`)."""
@@ -835,6 +838,16 @@ class Controller:
         """
         return self._lags.charges()
 
+    def arrival_lead(self) -> float:
+        """Seconds by which the rank with the most samples is let arrive after the
+        others, on average (:class:`omnihvd.lead.ArrivalLead`; 0 without
+        ``offsets`` in :meth:`decide`)."""
+        return self._lead.lead
+
+    def _charges(self) -> np.ndarray:
+        """Seconds added to each rank's time: its release lag, minus the arrival lead."""
+        return self._lags.charges() + self._lead.charges(self.num_ranks)
+
     def _round_noise(self) -> np.ndarray:
         """Relative noise of one round per rank, from the history (see :meth:`pooled`)."""
         ratios = np.stack(self._ratios)   # each round's time over the model's prediction
@@ -865,7 +878,7 @@ class Controller:
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,
-               arrivals=None, lags=None) -> list:
+               arrivals=None, lags=None, offsets=None) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
 
         Args:
@@ -891,23 +904,36 @@ class Controller:
                 windows, each rank's mean lag is added to its time
                 (:mod:`omnihvd.lags`): the controller balances local time plus
                 release lag, i.e. the ranks' arrivals.
+            offsets: optional ``(steps, ranks)`` arrival moments of single steps
+                relative to each step's last (:func:`omnihvd.lead.arrival_offsets`):
+                the rank with the most samples is charged minus its lead
+                (:class:`omnihvd.lead.ArrivalLead`), searched until it arrives last
+                in its share of the steps.
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
         """
-        self.observe(batch_sizes, times, arrivals, lags)
+        self.observe(batch_sizes, times, arrivals, lags, offsets)
         b, t = self._sizes[-1], self._times[-1]
         valid = self.valid(b)
         pooled = errors is not None
         if pooled:
             t, errors = self._pooled_errors(errors)
-        t = t + self._lags.charges()   # a rank resumes that much after the first
+        t = t + self._charges()   # a rank resumes that much after the first (lead: sooner)
         if pooled:
             w = tilt_weights(b, t, tilt)
-            if valid and not self._significant(t * w, errors * w):
-                # the means are balanced within their noise: only the slowest
-                # arrival may still move the split, from where it is
-                new = self._for_last_arrival(b, b, t, pooled, w, self._arrivals.residuals())
+            # the gate sees the charges the sizes were measured at (before a move of the lead)
+            held = t * w - self._lead.charges(self.num_ranks, self._lead.change) * w
+            if valid and not self._significant(held, errors * w):
+                if self._lead.moved:
+                    # only the lead moved (significant already): the led rank's share
+                    # changes, the others keep theirs among themselves
+                    new = self._lead_transfer(b, self._solve(b, t, pooled, tilt, self.gain))
+                else:
+                    # the means are balanced within their noise: only the slowest
+                    # arrival may still move the split, from where it is
+                    new = self._for_last_arrival(b, b, t, pooled, w,
+                                                 self._arrivals.residuals())
                 return _deadband(b, new, self.global_batch_size, self.lo, self.hi,
                                  self.deadband, self.size_multiple)
         new = self._solve(b, t, pooled, tilt, self.gain)
@@ -928,8 +954,20 @@ class Controller:
         if not self._sizes:
             raise RuntimeError("split_at needs an observed round")
         # the pool always holds the latest round's sizes (observe starts it afresh)
-        return self._solve(self._sizes[-1], self.pooled()[0] + self._lags.charges(), True,
+        return self._solve(self._sizes[-1], self.pooled()[0] + self._charges(), True,
                            tilt, 1.0)
+
+    def _lead_transfer(self, b, new) -> list:
+        """``b`` with the led rank's size as in ``new``, the difference taken from (or
+        given to) the other ranks in proportion to their sizes."""
+        led = self._lead.rank
+        b = np.asarray(b, dtype=np.float64)
+        others = np.arange(self.num_ranks) != led
+        delta = float(new[led]) - b[led]
+        targets = b.copy()
+        targets[led] += delta
+        targets[others] -= delta * b[others] / b[others].sum()
+        return self.split(np.maximum(targets, 0.0))
 
     def _trust_region(self, b):
         """Bounds no farther than ``max_step_ratio`` from ``b`` (when ``b`` is valid)."""
@@ -946,7 +984,7 @@ class Controller:
             t = np.maximum(t / t.max(), 1e-12)
             return TimeModel(np.zeros(self.num_ranks), t * w / b)
         model = self.model(pooled)
-        return TimeModel((model.intercept + self._lags.charges()) * w, model.slope * w)
+        return TimeModel((model.intercept + self._charges()) * w, model.slope * w)
 
     def _for_last_arrival(self, start, b, t, pooled: bool, w, residuals) -> list:
         """``start`` moved for the slowest arrival of the pooled steps ``residuals``

@@ -60,6 +60,7 @@ class Options(NamedTuple):
     tune_split: bool                # also tune the split by the measured step period
     balance_arrivals: bool          # split for each step's slowest arrival, not the mean
     release_lag: bool               # charge each rank how late it resumes after the allreduce
+    arrival_lead: bool              # search the lead of the rank with the most samples
 
     def agreed(self) -> Dict[str, Any]:
         """The options every rank must share (device_sync and cpu_quota are per rank)."""
@@ -74,8 +75,8 @@ def option_values(arguments: Dict[str, Any]) -> Dict[str, Any]:
     The callbacks list every option in their signatures (for users and their
     editors) and pass them on as one dict: ``option_values(locals())``.
 
-    >>> sorted(option_values(dict(Options(*range(19))._asdict(), self=None, comm=None)))[:3]
-    ['adjust_every', 'balance_arrivals', 'cpu_quota']
+    >>> sorted(option_values(dict(Options(*range(20))._asdict(), self=None, comm=None)))[:3]
+    ['adjust_every', 'arrival_lead', 'balance_arrivals']
     """
     return {name: arguments[name] for name in Options._fields}
 
@@ -122,7 +123,8 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
                     adjust_every=20, policy="affine", settle_steps=1, timing=DEFAULT_SUMMARY,
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
                     history_size=1000, device_sync="auto", cpu_quota="auto", tune_split=False,
-                    balance_arrivals=False, release_lag=True, batchnorm_layers: Sequence[str] = (),
+                    balance_arrivals=False, release_lag=True, arrival_lead=True,
+                    batchnorm_layers: Sequence[str] = (),
                     log_floor: bool = False) -> Tuple[Options, Controller]:
     """Check the callback's options and build its controller.
 
@@ -148,6 +150,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
     check_flag("tune_split", tune_split)
     check_flag("balance_arrivals", balance_arrivals)
     check_flag("release_lag", release_lag)
+    check_flag("arrival_lead", arrival_lead)
     _check_device_sync(device_sync)
     _check_cpu_quota(cpu_quota)
     check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
@@ -164,7 +167,8 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
         policy=policy, settle_steps=settle_steps, timing=timing, nonblocking=nonblocking,
         size_multiple=controller.size_multiple, loss_reduction=loss_reduction,
         history_size=history_size, device_sync=device_sync, cpu_quota=cpu_quota,
-        tune_split=tune_split, balance_arrivals=balance_arrivals, release_lag=release_lag)
+        tune_split=tune_split, balance_arrivals=balance_arrivals, release_lag=release_lag,
+        arrival_lead=arrival_lead)
     return options, controller
 
 

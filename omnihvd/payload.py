@@ -5,7 +5,8 @@ float64 (96 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
-``release_lag=True`` (the default: 352 bytes in all):
+``release_lag=True`` (the default: 352 bytes in all), their arrival moments with
+``arrival_lead=True``:
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -51,8 +52,9 @@ __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered
 TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST, CPUS = range(12)
 PAYLOAD_FIELDS = 12  # float64 per rank per adjustment, before the per-step blocks
 # the per-step blocks (Measurement fields), in column order: "arrivals" the steps'
-# local times (balance_arrivals), "releases" their release times (release_lag)
-STEP_BLOCKS = ("arrivals", "releases")
+# local times (balance_arrivals), "releases" their release times (release_lag),
+# "arrived_at" their arrival moments (arrival_lead)
+STEP_BLOCKS = ("arrivals", "releases", "arrived_at")
 
 
 def digest(sizes: Sequence[int]) -> float:
@@ -110,6 +112,7 @@ class Gathered(NamedTuple):
     hosts: Optional[np.ndarray] = None     # each rank's machine
     cpusets: Optional[np.ndarray] = None   # the CPUs each rank may run on
     releases: Optional[np.ndarray] = None  # (steps, ranks) single steps' release times
+    arrived_at: Optional[np.ndarray] = None  # (steps, ranks) single steps' arrival moments
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
@@ -127,10 +130,15 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
     per_step = {}
     for k, name in enumerate(STEP_BLOCKS):
         if blocks & 2 ** k:
-            steps = matrix[:, column:column + ARRIVAL_STEPS].T
+            per_step[name] = matrix[:, column:column + ARRIVAL_STEPS].T
             column += ARRIVAL_STEPS
-            steps = steps[np.isfinite(steps).any(axis=1)]
-            per_step[name] = steps if steps.size else None
+    # the steps no rank has a value of, in any block, left out (of every block alike:
+    # row j stays the same step in each); a block without any value is None
+    seen = np.zeros(ARRIVAL_STEPS, dtype=bool)
+    for steps in per_step.values():
+        seen |= np.isfinite(steps).any(axis=1)
+    per_step = {name: steps[seen] if np.isfinite(steps).any() else None
+                for name, steps in per_step.items()}
     return Gathered(sizes=[int(b) for b in matrix[:, SIZE]], times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),

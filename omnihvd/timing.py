@@ -495,6 +495,12 @@ class StepTimer:
         return self._begin is not None
 
     @property
+    def wait_began(self) -> Optional[float]:
+        """The clock's reading where the running step began to wait for the others
+        (after the device sync), None before :meth:`mark_wait`."""
+        return self._wait
+
+    @property
     def marked(self) -> bool:
         """Whether the current step's wait point was already marked."""
         return self._wait is not None

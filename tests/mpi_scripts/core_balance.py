@@ -34,7 +34,8 @@ adjust = steps + 1 if policy == "none" else 10
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adjust,
                                policy={"none": "proportional", "tuned": "affine"}.get(policy,
                                                                                       policy),
-                               tune_split=policy == "tuned", balance_arrivals=True)
+                               tune_split=policy == "tuned", balance_arrivals=True,
+                               arrival_lead=True)
 cb.on_train_begin()
 ends = []
 for step in range(steps):
@@ -49,11 +50,12 @@ for step in range(steps):
 cb.on_train_end()
 
 # balance_arrivals=True (under sleeps it gains less than MIN_GAIN and keeps the split of
-# equal means): every rank gathered the same per-step times and so holds the same pool
-# and took the same decisions
+# equal means) and arrival_lead=True: every rank gathered the same per-step times and
+# moments and so holds the same pool and lead, and took the same decisions
 pool = cb.controller._arrivals.residuals()
+leads = [h["arrival_lead"] for h in cb.history]
 mine = (None if pool is None else hashlib.sha256(pool.tobytes()).hexdigest(),
-        json.dumps([h["new_sizes"] for h in cb.history]))
+        json.dumps([h["new_sizes"] for h in cb.history]), json.dumps(leads))
 everyone = hvd.allgather_object(mine)
 
 if rank == 0:
@@ -65,10 +67,15 @@ if rank == 0:
     changes = [h["step"] for h in cb.history if h["changed"]]
     print("BALANCE " + json.dumps({
         "speeds": speeds[:size], "policy": policy, "final_sizes": cb.batch_sizes,
+        # under tune_split the last window may be a probe of a tilted split: the split
+        # it holds is the controller's at the tilt it keeps
+        "held_sizes": (cb.batch_sizes if cb.cadence.tuner is None
+                       else cb.controller.split_at(cb.cadence.tuner.tilt)),
         "proportional_sizes": target, "measured_step_s": measured, "ideal_step_s": ideal,
         "efficiency": ideal / measured, "adjustments": len(changes), "change_steps": changes,
         "overhead_per_step_s": cb.overhead_per_step,
         "decision_s": max((h["decision_s"] for h in cb.history), default=0.0),
         "tilts": [h.get("tilt") for h in cb.history],
-        "arrival_rows": 0 if pool is None else len(pool),
+        "arrival_rows": 0 if pool is None else len(pool), "leads": leads,
+        "lead_derivative": list(cb.controller._lead.derivative),
         "ranks_agree": all(e == everyone[0] for e in everyone)}))

@@ -1,0 +1,170 @@
+"""Arrival lead: how long after the others the rank with the most samples should arrive.
+
+A synchronous step waits for its last arrival at the gradients' allreduce. The
+controller balances the ranks' local times plus release lags: their arrivals *on
+average*. Where the others' times vary from step to step (ranks sharing a core,
+ranks under CPU quotas) the rank with the most samples, ``L``, then arrives last
+less often than it should: on this project's 2-core machine (HL8 quotas with core
+sets: three ranks under small quotas sharing one core, ``L`` alone on the other;
+per-step timestamps of every rank, docs/real-heterogeneity.rst "Arrival lead") it
+arrived last in 21-54% of the steps at omnihvd's split, with 3/4 of the samples.
+
+Making ``L`` arrive later by ``dg`` on average -- giving it more samples and the
+others fewer -- moves its arrival by ``(1 - w_L) dg`` and theirs by ``-w_L dg``,
+``w_L`` being its share of the global batch. So the mean slowest arrival changes by
+``D = P_L - w_L`` per unit of lead, ``P_L`` being the fraction of steps in which
+``L`` arrives last: the split is fastest where ``L`` arrives last in ``w_L`` of the
+steps (``P_L = w_L``), not where its mean equals the others'.
+
+With ``arrival_lead=True`` (the default) the controller charges ``L`` a negative time, its *lead*
+``g``: balancing then lets it arrive ``g`` after the others on average. Every window
+gathers each rank's arrival moment per step (when it began to wait for the others,
+on the machine's monotonic clock, :mod:`omnihvd.lags`). ``P_L`` is counted over the
+steps of the last :data:`LEAD_WINDOWS` windows, each step's lead shifted by as much
+as the lead has moved since it ran. While ``D`` is below -:data:`SIGNIFICANCE`
+standard errors the lead grows by :data:`LEAD_STEP` of ``L``'s local time, while
+above, shrinks, within :data:`MAX_LEAD` of the local time either way; a move against
+the previous one halves the step (down to :data:`MIN_LEAD_STEP`), the
+:data:`RUN_TO_GROW`-th move in a row one way doubles it back, so that the lead
+settles where ``P_L`` crosses ``w_L`` rather than swinging about it. Ranks that arrive last as often as their shares -- steady ranks,
+ranks alike -- leave the lead where it is. Ranks on several machines are left alone
+(their clocks are not one clock).
+
+Pure numpy, deterministic: the same tables give the same lead on every rank.
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> arrived = 100.0 + rng.normal(0.0, 0.004, (20, 2)) + [0.0, -0.01]   # rank 1 ~10 ms early
+>>> offsets = arrival_offsets(arrived, hosts=[1.0, 1.0])
+>>> search = ArrivalLead()
+>>> search.observe(offsets, sizes=[20, 80], times=[0.05, 0.05])
+>>> round(search.lead, 4), search.charges(2).round(4).tolist()   # P_L = 0.05 < w_L = 0.8
+(0.0025, [0.0, -0.0025])
+"""
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["LEAD_WINDOWS", "LEAD_STEP", "MIN_LEAD_STEP", "MAX_LEAD", "SIGNIFICANCE", "arrival_offsets", "lead_of", "ArrivalLead"]
+
+# Windows of steps pooled (one window sends up to 32).
+LEAD_WINDOWS = 4
+# The largest move of the lead, as a fraction of L's local time; a move against the
+# previous one halves it (down to MIN_LEAD_STEP), the RUN_TO_GROW-th move in a row
+# one way doubles it back.
+LEAD_STEP = 0.05
+MIN_LEAD_STEP = LEAD_STEP / 16
+RUN_TO_GROW = 3
+# The lead's bound either way, as a fraction of L's local time.
+MAX_LEAD = 0.5
+# Standard errors by which D = P_L - w_L must clear 0 for the lead to move.
+SIGNIFICANCE = 3.0
+# Two arrivals of one step this far apart (seconds) mean the clocks compared are not
+# one clock: that step is left out.
+MAX_SPREAD = 1.0
+
+
+def arrival_offsets(arrived, hosts) -> Optional[np.ndarray]:
+    """Each rank's arrival relative to the step's last one (<= 0).
+
+    Args:
+        arrived: ``(steps, ranks)`` moments each rank began to wait for the others,
+            seconds on its machine's monotonic clock (NaN: none).
+        hosts: one :func:`omnihvd.lags.host_key` per rank.
+
+    Returns:
+        ``(steps, ranks)``, for the steps every rank has a moment of (and whose
+        arrivals lie within :data:`MAX_SPREAD`); None when the ranks are on several
+        machines or the table does not match them.
+
+    >>> arrival_offsets([[1.0, 1.012, 1.004], [2.0, float("nan"), 2.0]], hosts=[3.0] * 3).round(3)
+    array([[-0.012,  0.   , -0.008]])
+    """
+    a = np.asarray(arrived, dtype=np.float64)
+    h = np.asarray(hosts, dtype=np.float64)
+    if a.ndim != 2 or a.shape[1] != h.size or np.unique(h).size != 1:
+        return None
+    a = a[np.isfinite(a).all(axis=1)]
+    offsets = a - a.max(axis=1, keepdims=True)
+    return offsets[offsets.min(axis=1) >= -MAX_SPREAD]
+
+
+def lead_of(offsets, rank: int) -> np.ndarray:
+    """Per step, how long after every other rank ``rank`` arrived (negative: before
+    the last of them), from :func:`arrival_offsets`.
+
+    >>> lead_of(np.array([[-0.01, 0.0, -0.004], [0.0, -0.002, -0.003]]), 1).tolist()
+    [0.004, -0.002]
+    """
+    off = np.asarray(offsets, dtype=np.float64)
+    return off[:, rank] - np.delete(off, rank, axis=1).max(axis=1)
+
+
+class ArrivalLead:
+    """The lead of the rank with the most samples, searched window by window.
+
+    Same tables in, same lead out, on every rank. :meth:`forget` it when the ranks
+    change.
+    """
+
+    def __init__(self, windows: int = LEAD_WINDOWS):
+        self.windows = int(windows)
+        self.forget()
+
+    def forget(self):
+        self._pool = []                   # (L's lead per step, the lead it ran at) per window
+        self.rank: Optional[int] = None   # L: the rank led
+        self.lead = 0.0                   # seconds
+        # the next move's size, the last one's sign and how many moves ran that way
+        self._step, self._last_move, self._run = LEAD_STEP, 0, 0
+        self.moved = False                # whether the last observe() moved the lead
+        self.change = 0.0                 # by how much (from 0 for a new rank led)
+        self.derivative = (float("nan"), float("nan"))   # D and its standard error
+
+    def observe(self, offsets, sizes, times):
+        """Move the lead from one window's :func:`arrival_offsets` (None: no move),
+        measured at ``sizes`` with mean local times ``times``."""
+        rank, before = self.rank, self.lead
+        self._observe(offsets, sizes, times)
+        # a new rank led starts from no lead
+        self.change = self.lead - (before if self.rank == rank else 0.0)
+        self.moved = self.change != 0.0
+
+    def _observe(self, offsets, sizes, times):
+        b = np.asarray(sizes, dtype=np.float64)
+        if offsets is None or not len(offsets) or b.size < 2:
+            return
+        rank = int(np.argmax(b))
+        if rank != self.rank:
+            self.forget()
+            self.rank = rank
+        self._pool = (self._pool + [(lead_of(offsets, rank), self.lead)])[-self.windows:]
+        local = float(np.asarray(times, dtype=np.float64)[rank])
+        if not np.isfinite(local) or local <= 0:
+            return
+        # each pooled step as if run at the current lead (a lead moves L's arrival
+        # by as much, on average); L last on ties
+        last = np.concatenate([steps + (self.lead - then) >= 0 for steps, then in self._pool])
+        n, share = last.size, float(np.mean(last))
+        derivative = share - b[rank] / b.sum()   # P_L - w_L
+        error = float(np.sqrt((share * (1.0 - share) + 0.25 / n) / n))
+        self.derivative = (derivative, error)
+        if abs(derivative) <= SIGNIFICANCE * error:
+            return
+        move = 1 if derivative < 0 else -1       # later while L is last too rarely
+        self._run = self._run + 1 if move == self._last_move else 1
+        if self._last_move and self._run == 1:
+            self._step = max(self._step / 2.0, MIN_LEAD_STEP)   # crossed: bisect
+        elif self._run >= RUN_TO_GROW:
+            self._step = min(self._step * 2.0, LEAD_STEP)       # far off: speed up
+        self._last_move = move
+        bound = MAX_LEAD * local
+        self.lead = min(max(self.lead + move * self._step * local, -bound), bound)
+
+    def charges(self, num_ranks: int, lead: Optional[float] = None) -> np.ndarray:
+        """Seconds to add to each rank's time: minus the lead (or ``lead``) for the
+        rank led."""
+        out = np.zeros(num_ranks)
+        if self.rank is not None and self.rank < num_ranks:
+            out[self.rank] = -(self.lead if lead is None else lead)
+        return out
