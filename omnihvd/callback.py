@@ -160,8 +160,9 @@ class OmniLearnCallback(ScheduledSizes):
             it arrives last in that share of the steps. Each window's arrival
             moments are gathered too (32 more floats per rank) and that rank's
             *lead* moves by up to a twentieth of its local time per window until it
-            does (:mod:`omnihvd.lead`); ``cb.history`` records the lead. Ranks on
-            several machines keep a lead of 0. False: balanced means.
+            does (:mod:`omnihvd.lead`); ``cb.history`` records the lead. Only a rank
+            holding 1.5 times the samples of every other is led; ranks on several
+            machines keep a lead of 0. False: balanced means.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message

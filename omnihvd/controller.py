@@ -749,8 +749,9 @@ class Controller:
         self._valid = (self._valid + [np.ones(self.num_ranks, dtype=bool)])[-self.history:]
         self._ratios = (self._ratios + [ratio])[-self.history:]
         self._add_to_pool(b, t, changed)
-        if changed.any():   # a rank's old noise no longer describes it
+        if changed.any():   # a rank's old noise, and the lead found with it, no longer apply
             self._arrivals.forget()
+            self._lead.forget()
         if lags is not None:
             lag = np.asarray(lags, dtype=np.float64)
             if lag.ndim != 2 or lag.shape[1] != self.num_ranks:
@@ -763,7 +764,8 @@ class Controller:
                 raise ConfigError("arrivals must be a (steps, %d) table of local times, got "
                                   "shape %s" % (self.num_ranks, arr.shape))
             self._arrivals.add(arr)
-        self._lead.observe(offsets, b, t)
+        # a window that saw a rank change speed spans the change: no lead from it
+        self._lead.observe(None if changed.any() else offsets, b, t)
 
     def _add_to_pool(self, b, t, changed):
         """Add a round to the pool of rounds at the current sizes (see :meth:`pooled`)."""

@@ -4,10 +4,10 @@ A synchronous step waits for its last arrival at the gradients' allreduce. The
 controller balances the ranks' local times plus release lags: their arrivals *on
 average*. Where the others' times vary from step to step (ranks sharing a core,
 ranks under CPU quotas) the rank with the most samples, ``L``, then arrives last
-less often than it should: on this project's 2-core machine (HL8 quotas with core
-sets: three ranks under small quotas sharing one core, ``L`` alone on the other;
-per-step timestamps of every rank, docs/real-heterogeneity.rst "Arrival lead") it
-arrived last in 21-54% of the steps at omnihvd's split, with 3/4 of the samples.
+less often than it should: on this project's 2-core machine (per-step timestamps
+of every rank, docs/real-heterogeneity.rst "Arrival lead") it arrived last in 0-26%
+of the steps with one rank alone on a core beside three sharing the other (holding
+57% of the batch), and in 10-67% under HL8 quotas with core sets (holding 77-84%).
 
 Making ``L`` arrive later by ``dg`` on average -- giving it more samples and the
 others fewer -- moves its arrival by ``(1 - w_L) dg`` and theirs by ``-w_L dg``,
@@ -27,8 +27,12 @@ above, shrinks, within :data:`MAX_LEAD` of the local time either way; a move aga
 the previous one halves the step (down to :data:`MIN_LEAD_STEP`), the
 :data:`RUN_TO_GROW`-th move in a row one way doubles it back, so that the lead
 settles where ``P_L`` crosses ``w_L`` rather than swinging about it. Ranks that arrive last as often as their shares -- steady ranks,
-ranks alike -- leave the lead where it is. Ranks on several machines are left alone
-(their clocks are not one clock).
+ranks alike -- leave the lead where it is; no rank is led unless it holds
+:data:`DOMINANCE` times the samples of every other (among ranks of about equal
+shares the choice would be chance: under sleep-emulated equal speeds a lead passed
+from rank to rank cost 2-5% against plain Horovod), and the search restarts when the
+controller sees a rank change speed. Ranks on several machines are left alone (their
+clocks are not one clock).
 
 Pure numpy, deterministic: the same tables give the same lead on every rank.
 
@@ -45,7 +49,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["LEAD_WINDOWS", "LEAD_STEP", "MIN_LEAD_STEP", "MAX_LEAD", "SIGNIFICANCE", "arrival_offsets", "lead_of", "ArrivalLead"]
+__all__ = ["LEAD_WINDOWS", "LEAD_STEP", "MIN_LEAD_STEP", "DOMINANCE", "MAX_LEAD", "SIGNIFICANCE", "arrival_offsets", "lead_of", "ArrivalLead"]
 
 # Windows of steps pooled (one window sends up to 32).
 LEAD_WINDOWS = 4
@@ -55,6 +59,10 @@ LEAD_WINDOWS = 4
 LEAD_STEP = 0.05
 MIN_LEAD_STEP = LEAD_STEP / 16
 RUN_TO_GROW = 3
+# L is led only while it holds this many times the samples of any other rank: among
+# ranks of about equal shares which one is "L" is chance, and a lead would only
+# move samples between ranks of equal speed.
+DOMINANCE = 1.5
 # The lead's bound either way, as a fraction of L's local time.
 MAX_LEAD = 0.5
 # Standard errors by which D = P_L - w_L must clear 0 for the lead to move.
@@ -135,6 +143,9 @@ class ArrivalLead:
         if offsets is None or not len(offsets) or b.size < 2:
             return
         rank = int(np.argmax(b))
+        if b[rank] < DOMINANCE * np.delete(b, rank).max():
+            self.forget()   # no rank stands out: no lead
+            return
         if rank != self.rank:
             self.forget()
             self.rank = rank
