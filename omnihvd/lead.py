@@ -125,8 +125,8 @@ class ArrivalLead:
         self.lead = 0.0                   # seconds
         # the next move's size, the last one's sign and how many moves ran that way
         self._step, self._last_move, self._run = LEAD_STEP, 0, 0
-        self.moved = False                # whether the last observe() moved the lead
-        self.change = 0.0                 # by how much (from 0 for a new rank led)
+        self.change = 0.0                 # how much the last observe() moved the lead
+        #                                   (from 0 for a new rank led)
         self.derivative = (float("nan"), float("nan"))   # D and its standard error
 
     def observe(self, offsets, sizes, times):
@@ -136,7 +136,11 @@ class ArrivalLead:
         self._observe(offsets, sizes, times)
         # a new rank led starts from no lead
         self.change = self.lead - (before if self.rank == rank else 0.0)
-        self.moved = self.change != 0.0
+
+    @property
+    def moved(self) -> bool:
+        """Whether the last :meth:`observe` moved the lead."""
+        return self.change != 0.0
 
     def _observe(self, offsets, sizes, times):
         b = np.asarray(sizes, dtype=np.float64)

@@ -5,8 +5,8 @@ float64 (96 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
-``release_lag=True`` (the default: 352 bytes in all), their arrival moments with
-``arrival_lead=True``:
+``release_lag=True`` and their arrival moments with ``arrival_lead=True`` (the
+defaults: 608 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
