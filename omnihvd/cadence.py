@@ -268,7 +268,7 @@ class Cadence:
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
                lookahead: int = 0, periods=None, period_errors=None,
                arrivals=None, releases=None, hosts=None, cpusets=None,
-               arrived_at=None) -> Decision:
+               arrived_at=None, kinds=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
@@ -286,6 +286,8 @@ class Cadence:
             arrived_at: the gathered ``(steps, ranks)`` arrival moments of the same
                 steps (with ``hosts``: the arrival lead, :mod:`omnihvd.lead`; None:
                 no lead).
+            kinds: each rank's :func:`omnihvd.alike.kind_key` (None: no rank is
+                held equal to another).
 
         Returns:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
@@ -310,17 +312,18 @@ class Cadence:
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
-                                         arrivals=arrivals, lags=lags, offsets=offsets)
+                                         arrivals=arrivals, lags=lags, offsets=offsets,
+                                         kinds=kinds)
             return self.propose(step, sizes, new, lookahead=lookahead)
         period = _median_period(periods, period_errors)
         if tuner.probing:
             # a search's window: its local times still teach the controller's model
-            self.controller.observe(sizes, times, arrivals, lags, offsets)
+            self.controller.observe(sizes, times, arrivals, lags, offsets, kinds)
             probe = tuner.measured(*period)
         else:
             new = self.controller.decide(sizes, times, errors if use_errors else None,
                                          tilt=tuner.tilt, arrivals=arrivals, lags=lags,
-                                         offsets=offsets)
+                                         offsets=offsets, kinds=kinds)
             decision = self.propose(step, sizes, new, lookahead=lookahead)
             probe = tuner.after_decision(decision.changed, *period)
             if probe is None:

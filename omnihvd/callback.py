@@ -45,6 +45,7 @@ import os
 import time
 from typing import Dict, List, Optional
 
+from .alike import this_kind
 from .cadence import Cadence
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
@@ -163,6 +164,14 @@ class OmniLearnCallback(ScheduledSizes):
             does (:mod:`omnihvd.lead`); ``cb.history`` records the lead. Only a rank
             holding 1.5 times the samples of every other is led; ranks on several
             machines keep a lead of 0. False: balanced means.
+        alike_ranks: hold ranks on alike resources at equal sizes (default True):
+            ranks on one machine with the same CPUs, CPU quota and kind of
+            accelerator get the same batch size while their measured times agree
+            within 5% (a rank measured apart is balanced on its own). Ranks sharing
+            a core take about the same time however they divide it, so the time
+            model cannot tell their sizes apart and would leave them anywhere
+            (:mod:`omnihvd.alike`); ``cb.history`` records the groups. False: every
+            rank is balanced on its own.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -217,7 +226,7 @@ class OmniLearnCallback(ScheduledSizes):
                  history_size: int = 1000, abort_on_exception: Optional[bool] = None,
                  device_sync="auto", cpu_quota="auto", tune_split: bool = False,
                  balance_arrivals: bool = False, release_lag: bool = True,
-                 arrival_lead: bool = True):
+                 arrival_lead: bool = True, alike_ranks: bool = True):
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
@@ -316,6 +325,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         self._host = host_key()       # whose ranks share this one's clock (omnihvd.lags)
+        self._devices: List[str] = []  # the model's accelerators (omnihvd.alike)
         # this rank's local time of the last timed step (None: none yet, or dropped)
         self.last_step_time: Optional[float] = None
         self.oom_events = 0
@@ -356,6 +366,10 @@ class OmniLearnCallback(ScheduledSizes):
 
             option = device_synchronizer(self._model)
         self._timer.device_sync = option
+        if self._options.alike_ranks:
+            from .device import device_names
+
+            self._devices = device_names(self._model)
         self._refresh_quota()
 
     def _refresh_quota(self):
@@ -577,11 +591,19 @@ class OmniLearnCallback(ScheduledSizes):
                 if self._meter is not None:
                     self._meter.observe(self._step_sizes[self.rank], local)
 
+    def _kind(self) -> float:
+        """This rank's resources for ``alike_ranks`` (NaN with it off), read at every
+        gather: a re-pin or a re-quota shows at once."""
+        if not self._options.alike_ranks:
+            return float("nan")
+        return this_kind(self._timer.cpu_cores, self._devices, self._host)
+
     def _post(self):
         self._record()
         sizes = self.cadence.window_sizes or self.batch_sizes
         row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.lookahead,
-                          self._cap, self._host, cpuset_key())   # a re-pin shows at once
+                          self._cap, self._host, cpuset_key(),   # a re-pin shows at once
+                          self._kind())
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:
@@ -639,6 +661,8 @@ class OmniLearnCallback(ScheduledSizes):
             record["lag_charges"] = [float(v) for v in self.controller.lag_charges()]
         if self._options.arrival_lead:
             record["arrival_lead"] = self.controller.arrival_lead()
+        if self._options.alike_ranks:
+            record["alike"] = self.controller.alike_groups()
         record.update(new_sizes=decision.new_sizes or got.sizes, changed=decision.changed,
                       effective_step=decision.effective_step)
         if decision.skipped is not None:
@@ -666,7 +690,8 @@ class OmniLearnCallback(ScheduledSizes):
                                        lookahead=got.lookahead, periods=got.periods,
                                        period_errors=got.period_errors, arrivals=got.arrivals,
                                        releases=got.releases, hosts=got.hosts,
-                                       cpusets=got.cpusets, arrived_at=got.arrived_at)
+                                       cpusets=got.cpusets, arrived_at=got.arrived_at,
+                                       kinds=got.kinds)
         if decision.skipped is not None and capped:
             # no usable timing, but the split must respect the new caps now
             forced = self.controller.split(self.schedule.latest)
@@ -677,11 +702,14 @@ class OmniLearnCallback(ScheduledSizes):
     def _log_change(self, got, decision, capped):
         if self.rank == 0:
             charges, lead = self.controller.lag_charges(), self.controller.arrival_lead()
-            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s%s%s)",
+            alike = self.controller.alike_groups()
+            log.info("omnihvd: step %d: batch sizes %s -> %s from step %d (times %s%s%s%s%s)",
                      self.step + 1, got.sizes, decision.new_sizes, decision.effective_step,
                      ", ".join("%.4g" % t for t in got.times),
                      "; release lags +%s" % ", ".join("%.4g" % c for c in charges) if charges.any()
                      else "", "; arrival lead %.4g" % lead if lead else "",
+                     "; alike ranks %s" % " ".join(",".join(map(str, g)) for g in alike)
+                     if alike else "",
                      "; memory caps %s" % self.controller.hi.tolist() if capped else "")
 
     def report_oom(self, shrink: float = 0.8):

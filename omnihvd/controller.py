@@ -32,10 +32,11 @@ under the same bounds, or says that no split fits.
 """
 import math
 import warnings
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
+from .alike import AlikeGroups
 from .arrivals import ArrivalPool, last_arrival_split
 from .errors import ConfigError, InfeasibleError
 from .lags import LagPool
@@ -718,10 +719,11 @@ class Controller:
         self._arrivals = ArrivalPool()
         self._lags = LagPool(self.num_ranks)
         self._lead = ArrivalLead()
+        self._alike = AlikeGroups()
 
-    def observe(self, batch_sizes, times, arrivals=None, lags=None, offsets=None):
-        """Record one round of measurements without deciding (``arrivals``, ``lags``
-        and ``offsets``: see :meth:`decide`)."""
+    def observe(self, batch_sizes, times, arrivals=None, lags=None, offsets=None, kinds=None):
+        """Record one round of measurements without deciding (``arrivals``, ``lags``,
+        ``offsets`` and ``kinds``: see :meth:`decide`)."""
         b = _as_int_vector("batch_sizes", batch_sizes, self.num_ranks)
         if np.any(b < 1):
             raise ConfigError("batch_sizes must be >= 1, got %r" % (b.tolist(),))
@@ -766,6 +768,7 @@ class Controller:
             self._arrivals.add(arr)
         # a window that saw a rank change speed spans the change: no lead from it
         self._lead.observe(None if changed.any() else offsets, b, t)
+        self._alike.update(kinds)
 
     def _add_to_pool(self, b, t, changed):
         """Add a round to the pool of rounds at the current sizes (see :meth:`pooled`)."""
@@ -846,6 +849,18 @@ class Controller:
         ``offsets`` in :meth:`decide`)."""
         return self._lead.lead
 
+    def alike_groups(self) -> List[List[int]]:
+        """The groups of alike ranks held at equal sizes (:mod:`omnihvd.alike`; none
+        without ``kinds`` in :meth:`decide`).
+
+        >>> ctl = Controller(3, 90)
+        >>> ctl.decide([30, 30, 30], [0.3, 0.2, 0.2], kinds=[1.0, 2.0, 2.0])
+        [22, 34, 34]
+        >>> ctl.alike_groups()
+        [[1, 2]]
+        """
+        return self._alike.groups()
+
     def _charges(self) -> np.ndarray:
         """Seconds added to each rank's time: its release lag, minus the arrival lead."""
         return self._lags.charges() + self._lead.charges(self.num_ranks)
@@ -880,7 +895,7 @@ class Controller:
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,
-               arrivals=None, lags=None, offsets=None) -> list:
+               arrivals=None, lags=None, offsets=None, kinds=None) -> list:
         """Record ``times`` measured at ``batch_sizes`` and return the next sizes.
 
         Args:
@@ -911,12 +926,16 @@ class Controller:
                 the rank with the most samples is charged minus its lead
                 (:class:`omnihvd.lead.ArrivalLead`), searched until it arrives last
                 in its share of the steps.
+            kinds: optional :func:`omnihvd.alike.kind_key` of each rank: ranks of one
+                kind are held at equal sizes while their times agree
+                (:class:`omnihvd.alike.AlikeGroups`).
 
         No size changes by more than ``max_step_ratio`` (x or /) in one decision: a
         noisy round cannot throw a rank to an extreme.
         """
-        self.observe(batch_sizes, times, arrivals, lags, offsets)
+        self.observe(batch_sizes, times, arrivals, lags, offsets, kinds)
         b, t = self._sizes[-1], self._times[-1]
+        self._alike.confirm(b, t, self.significance)
         valid = self.valid(b)
         pooled = errors is not None
         if pooled:
@@ -936,9 +955,9 @@ class Controller:
                     # arrival may still move the split, from where it is
                     new = self._for_last_arrival(b, b, t, pooled, w,
                                                  self._arrivals.residuals())
-                return _deadband(b, new, self.global_batch_size, self.lo, self.hi,
-                                 self.deadband, self.size_multiple)
-        new = self._solve(b, t, pooled, tilt, self.gain)
+                return _deadband(b, self._equalize(new), self.global_batch_size, self.lo,
+                                 self.hi, self.deadband, self.size_multiple)
+        new = self._equalize(self._solve(b, t, pooled, tilt, self.gain))
         return _deadband(b, new, self.global_batch_size, self.lo, self.hi, self.deadband,
                          self.size_multiple)
 
@@ -956,8 +975,14 @@ class Controller:
         if not self._sizes:
             raise RuntimeError("split_at needs an observed round")
         # the pool always holds the latest round's sizes (observe starts it afresh)
-        return self._solve(self._sizes[-1], self.pooled()[0] + self._charges(), True,
-                           tilt, 1.0)
+        return self._equalize(self._solve(self._sizes[-1], self.pooled()[0] + self._charges(),
+                                          True, tilt, 1.0))
+
+    def _equalize(self, sizes) -> list:
+        """``sizes`` with alike ranks at equal shares (:meth:`alike_groups`)."""
+        if not self._alike.groups():
+            return [int(v) for v in sizes]
+        return self.split(self._alike.equal_shares(sizes))
 
     def _lead_transfer(self, b, new) -> list:
         """``b`` with the led rank's size as in ``new``, the difference taken from (or

@@ -191,7 +191,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain,
         adjust_every, policy, settle_steps, timing, nonblocking, size_multiple,
         loss_reduction, history_size, device_sync, cpu_quota, tune_split,
-        balance_arrivals, release_lag, arrival_lead: as for
+        balance_arrivals, release_lag, arrival_lead, alike_ranks: as for
             :class:`~omnihvd.OmniLearnCallback`. A rank is released when its CPU
             (gloo) buckets are reduced; NCCL's buckets end on the GPU unseen by the
             host, so on GPUs no release lag is charged.
@@ -215,7 +215,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  loss_reduction: str = "mean", history_size: int = 1000,
                  abort_on_exception: Optional[bool] = None, device_sync="auto",
                  cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False,
-                 release_lag: bool = True, arrival_lead: bool = True):
+                 release_lag: bool = True, arrival_lead: bool = True,
+                 alike_ranks: bool = True):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):

@@ -15,7 +15,7 @@ the last compute-stream work of the step.
 """
 from typing import Callable, List, Optional
 
-__all__ = ["model_devices", "device_synchronizer"]
+__all__ = ["model_devices", "device_names", "device_synchronizer"]
 
 
 def model_devices(model) -> List:
@@ -26,6 +26,22 @@ def model_devices(model) -> List:
         if tensor.device not in seen:
             seen.append(tensor.device)
     return seen
+
+
+def device_names(model, torch_module=None) -> List[str]:
+    """The kinds of accelerator the model computes on, e.g. ``["NVIDIA H100 80GB HBM3"]``
+    (``torch.cuda.get_device_name``; the device type where there is no name; [] on
+    the CPU): ranks on the same kinds are alike (:mod:`omnihvd.alike`)."""
+    if torch_module is None:
+        import torch as torch_module
+    names = []
+    for device in model_devices(model):
+        if device.type in ("cpu", "meta"):
+            continue
+        backend = getattr(torch_module, device.type, None)
+        name = getattr(backend, "get_device_name", None)
+        names.append(str(name(device)) if name is not None else device.type)
+    return names
 
 
 def device_synchronizer(model, torch_module=None) -> Optional[Callable[[], None]]:

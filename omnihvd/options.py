@@ -61,6 +61,7 @@ class Options(NamedTuple):
     balance_arrivals: bool          # split for each step's slowest arrival, not the mean
     release_lag: bool               # charge each rank how late it resumes after the allreduce
     arrival_lead: bool              # search the lead of the rank with the most samples
+    alike_ranks: bool               # hold ranks on alike resources at equal sizes
 
     def agreed(self) -> Dict[str, Any]:
         """The options every rank must share (device_sync and cpu_quota are per rank)."""
@@ -75,8 +76,8 @@ def option_values(arguments: Dict[str, Any]) -> Dict[str, Any]:
     The callbacks list every option in their signatures (for users and their
     editors) and pass them on as one dict: ``option_values(locals())``.
 
-    >>> sorted(option_values(dict(Options(*range(20))._asdict(), self=None, comm=None)))[:3]
-    ['adjust_every', 'arrival_lead', 'balance_arrivals']
+    >>> sorted(option_values(dict(Options(*range(21))._asdict(), self=None, comm=None)))[:3]
+    ['adjust_every', 'alike_ranks', 'arrival_lead']
     """
     return {name: arguments[name] for name in Options._fields}
 
@@ -124,7 +125,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
                     nonblocking=True, size_multiple=1, loss_reduction="mean",
                     history_size=1000, device_sync="auto", cpu_quota="auto", tune_split=False,
                     balance_arrivals=False, release_lag=True, arrival_lead=True,
-                    batchnorm_layers: Sequence[str] = (),
+                    alike_ranks=True, batchnorm_layers: Sequence[str] = (),
                     log_floor: bool = False) -> Tuple[Options, Controller]:
     """Check the callback's options and build its controller.
 
@@ -151,6 +152,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
     check_flag("balance_arrivals", balance_arrivals)
     check_flag("release_lag", release_lag)
     check_flag("arrival_lead", arrival_lead)
+    check_flag("alike_ranks", alike_ranks)
     _check_device_sync(device_sync)
     _check_cpu_quota(cpu_quota)
     check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
@@ -168,7 +170,7 @@ def resolve_options(num_ranks: int, *, global_batch_size, initial_batch_sizes=No
         size_multiple=controller.size_multiple, loss_reduction=loss_reduction,
         history_size=history_size, device_sync=device_sync, cpu_quota=cpu_quota,
         tune_split=tune_split, balance_arrivals=balance_arrivals, release_lag=release_lag,
-        arrival_lead=arrival_lead)
+        arrival_lead=arrival_lead, alike_ranks=alike_ranks)
     return options, controller
 
 

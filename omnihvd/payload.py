@@ -1,12 +1,12 @@
 """What each rank contributes to the adjustment allgather, and how the gathered matrix reads.
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
-float64 (96 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
+float64 (104 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
 ``release_lag=True`` and their arrival moments with ``arrival_lead=True`` (the
-defaults: 608 bytes in all):
+defaults: 616 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -24,7 +24,8 @@ col   name       meaning
                  block of STEP_BLOCKS present
 10    HOST       this rank's machine (:func:`omnihvd.lags.host_key`)
 11    CPUS       the CPUs this rank may run on (:func:`omnihvd.lags.cpuset_key`)
-12-   per step   each block present: the value of each of the window's last
+12    KIND       this rank's resources (:func:`omnihvd.alike.kind_key`; NaN: none)
+13-   per step   each block present: the value of each of the window's last
                  steps (NaN: none), aligned by step: its column j is the same
                  step on every rank
 ====  =========  ==========================================================
@@ -49,8 +50,9 @@ from .errors import RankMismatchError
 
 __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered"]
 
-TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST, CPUS = range(12)
-PAYLOAD_FIELDS = 12  # float64 per rank per adjustment, before the per-step blocks
+(TIME, COUNT, SIZE, AHEAD, DIGEST, CAP, ERROR, PERIOD, PERIOD_ERR, BLOCKS, HOST, CPUS,
+ KIND) = range(13)
+PAYLOAD_FIELDS = 13  # float64 per rank per adjustment, before the per-step blocks
 # the per-step blocks (Measurement fields), in column order: "arrivals" the steps'
 # local times (balance_arrivals), "releases" their release times (release_lag),
 # "arrived_at" their arrival moments (arrival_lead)
@@ -67,7 +69,8 @@ def digest(sizes: Sequence[int]) -> float:
 
 
 def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
-                cap: int, host: float = 0.0, cpus: float = 0.0) -> List[float]:
+                cap: int, host: float = 0.0, cpus: float = 0.0,
+                kind: float = float("nan")) -> List[float]:
     """This rank's row of the gather.
 
     Args:
@@ -78,6 +81,7 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         cap: this rank's memory cap.
         host: this rank's machine (:func:`omnihvd.lags.host_key`).
         cpus: the CPUs it may run on (:func:`omnihvd.lags.cpuset_key`).
+        kind: its resources (:func:`omnihvd.alike.kind_key`; NaN: not compared).
 
     Returns:
         list of :data:`PAYLOAD_FIELDS` floats in column order, then ARRIVAL_STEPS
@@ -87,7 +91,7 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
     row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
     row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
-    row[HOST], row[CPUS] = host, cpus
+    row[HOST], row[CPUS], row[KIND] = host, cpus, kind
     for k, name in enumerate(STEP_BLOCKS):
         values = getattr(measured, name)
         if values is not None:
@@ -113,6 +117,7 @@ class Gathered(NamedTuple):
     cpusets: Optional[np.ndarray] = None   # the CPUs each rank may run on
     releases: Optional[np.ndarray] = None  # (steps, ranks) single steps' release times
     arrived_at: Optional[np.ndarray] = None  # (steps, ranks) single steps' arrival moments
+    kinds: Optional[np.ndarray] = None     # each rank's resources (None: not compared)
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
@@ -143,4 +148,6 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
                     periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR],
-                    hosts=matrix[:, HOST], cpusets=matrix[:, CPUS], **per_step)
+                    hosts=matrix[:, HOST], cpusets=matrix[:, CPUS],
+                    kinds=matrix[:, KIND] if np.isfinite(matrix[:, KIND]).all() else None,
+                    **per_step)

@@ -59,7 +59,16 @@ def test_sizes_converge_to_the_proportional_split(policy):
     # decision records the lead (the same on every rank), searched from the steps
     assert r["arrival_rows"] > 0 and r["ranks_agree"], r
     assert r["leads"] and all(abs(lead) < 0.5 for lead in r["leads"]), r
-    assert r["lead_derivative"][0] == r["lead_derivative"][0], r   # not NaN
+    assert any(d == d for d in r["lead_derivatives"]), r   # not NaN: searched
+
+
+def test_ranks_of_one_kind_and_speed_are_held_equal_and_a_faster_one_leaves_them():
+    # all three ranks run on the same CPUs (one kind, omnihvd.alike); rank 2 is twice
+    # as fast: it leaves the group at the first decision, the other two stay equal
+    r = _balance("affine", speeds="1,1,2")
+    assert r["alike"][0] == r["alike"][-1] == [[0, 1]] and r["ranks_agree"], r
+    assert abs(r["held_sizes"][0] - r["held_sizes"][1]) <= 1, r
+    assert abs(r["held_sizes"][2] - 35) <= 4, r
 
 
 @pytest.mark.parametrize("scenario,needle", [

@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from omnihvd.device import device_synchronizer, model_devices
+from omnihvd.device import device_names, device_synchronizer, model_devices
 
 pytestmark = pytest.mark.single
 
@@ -67,3 +67,13 @@ def test_streamless_backend_syncs_the_device():
     log = []
     device_synchronizer(OnDevices("mps"), torch_module=fake_torch(log))()
     assert log == ["mps"]
+
+
+def test_device_names_say_the_kind_of_accelerator_not_its_index():
+    names = {"cuda:0": "NVIDIA H100", "cuda:1": "NVIDIA H100", "cuda:2": "Tesla V100"}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_device_name=lambda device: names[str(device)]), mps=types.SimpleNamespace())
+    assert device_names(torch.nn.Linear(3, 2)) == []
+    assert device_names(OnDevices("cuda:0"), fake) == device_names(OnDevices("cuda:1"), fake)
+    assert device_names(OnDevices("cuda:2", "cpu"), fake) == ["Tesla V100"]
+    assert device_names(OnDevices("mps"), fake) == ["mps"]   # no name: the type

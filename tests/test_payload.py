@@ -26,15 +26,23 @@ def matrix(sizes, times, lookaheads=None, caps=None, counts=None, errors=None):
 def test_a_row_has_the_columns_in_order():
     row = payload_row(Measurement(time=0.25, error=0.01, count=9, period=0.5, period_error=0.02),
                       [10, 30], 1, 2, 28)
-    assert len(row) == PAYLOAD_FIELDS == 12 and row[payload.BLOCKS] == 0
-    assert row[payload.HOST] == row[payload.CPUS] == 0
+    assert len(row) == PAYLOAD_FIELDS == 13 and row[payload.BLOCKS] == 0
+    assert row[payload.HOST] == row[payload.CPUS] == 0 and np.isnan(row[payload.KIND])
     assert row[payload.TIME] == 0.25 and row[payload.COUNT] == 9 and row[payload.ERROR] == 0.01
     assert row[payload.SIZE] == 30 and row[payload.AHEAD] == 2 and row[payload.CAP] == 28
     assert row[payload.DIGEST] == digest([10, 30])
     assert row[payload.PERIOD] == 0.5 and row[payload.PERIOD_ERR] == 0.02
     got = read_gathered(np.array([row, row]), step=3)
     assert got.periods.tolist() == [0.5, 0.5] and got.period_errors.tolist() == [0.02, 0.02]
-    assert got.arrivals is None and got.releases is None
+    assert got.arrivals is None and got.releases is None and got.kinds is None
+
+
+def test_the_ranks_kinds_come_back_only_when_every_rank_sent_one():
+    m = Measurement(time=0.25, error=0.01, count=9)
+    rows = [payload_row(m, [10, 30], r, 0, 40, kind=k) for r, k in enumerate((7.0, 9.0))]
+    assert read_gathered(np.array(rows), step=3).kinds.tolist() == [7.0, 9.0]
+    rows[1] = payload_row(m, [10, 30], 1, 0, 40)
+    assert read_gathered(np.array(rows), step=3).kinds is None
 
 
 def test_the_steps_local_times_come_back_as_a_steps_by_ranks_table():

@@ -1,0 +1,160 @@
+"""Alike ranks: ranks on the same kind of resources, held at equal batch sizes.
+
+Ranks on one machine with the same CPUs, the same CPU quota and the same kind of
+accelerator are *alike*: a user who knew the hardware would give them the same
+batch size, and so does the controller -- as long as their measured times agree.
+Without it their sizes drift apart wherever the time model cannot tell them apart:
+ranks that share a core finish one after another, so a rank's time hardly grows
+with its own size (a third of the rate on three ranks sharing a core) and a split
+of 36/30 between two of them looks balanced within the noise. On this project's
+2-core machine the three ranks sharing a core ended as far apart as 1.20x
+(docs/real-heterogeneity.rst, "Alike ranks"). Ranks sharing a core cost the same
+however they divide it, and ranks of equal speed each on their own CPUs are
+fastest at equal sizes, so holding them equal costs nothing and spares the
+controller a noisy choice.
+
+The resources are a claim, not a fact: a rank may be slower than its kind says
+(a sleep in the training script, a throttled GPU, a noisy neighbour pinned to one
+core). Each decision therefore compares the members of a group at their equal
+sizes: a member whose time differs from the group's median by more than
+:data:`OBVIOUS` in one window, or by more than :data:`TOLERANCE` on average over its
+last windows and significantly so, leaves the group and is balanced on its own
+from then on (until the ranks' resources change). One window is not enough for a
+small difference: three ranks sharing a core measured up to 14% apart in single
+windows at equal sizes, and not the same one each time.
+
+Pure numpy and deterministic: the same tables give the same groups on every rank.
+
+>>> groups = AlikeGroups()
+>>> groups.update(kinds=[5.0, 7.0, 7.0, 7.0])
+>>> groups.groups()
+[[1, 2, 3]]
+>>> groups.equal_shares([130, 45, 41, 40]).tolist()
+[130.0, 42.0, 42.0, 42.0]
+>>> groups.confirm(sizes=[130, 42, 42, 42], times=[0.05, 0.050, 0.051, 0.075])
+[3]
+>>> groups.groups()   # rank 3 is slower than its kind says
+[[1, 2]]
+"""
+import math
+import os
+import zlib
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .lags import host_key
+
+__all__ = ["TOLERANCE", "WINDOWS", "MIN_WINDOWS", "OBVIOUS", "kind_key", "this_kind", "AlikeGroups"]
+
+# A member leaves its group when its time differs from the group's median (beyond
+# its difference in size) by more than this fraction on average over its last WINDOWS windows (at
+# least MIN_WINDOWS of them), significantly; or by more than OBVIOUS in one window
+# (a rank under a third less CPU than its kind says leaves at the first window).
+TOLERANCE = 0.05
+WINDOWS = 8
+MIN_WINDOWS = 3
+OBVIOUS = 0.2
+
+
+def kind_key(host: float, cpus: Sequence[int], cpu_cores: Optional[float],
+             devices: Sequence[str] = ()) -> float:
+    """A float-exact number that is the same on ranks with the same resources: the
+    crc32 of the machine, the sorted CPUs, the CPU quota in cores (None: none) and
+    the accelerators' names (``torch.cuda.get_device_name``; their indices left out:
+    two GPUs of one model are alike).
+
+    >>> kind_key(1.0, [1, 0], 0.5) == kind_key(1.0, [0, 1], 0.5) != kind_key(1.0, [0, 1], 0.3)
+    True
+    """
+    cores = None if cpu_cores is None else round(float(cpu_cores), 4)
+    text = repr((float(host), sorted(int(c) for c in cpus), cores, list(devices)))
+    return float(zlib.crc32(text.encode()))
+
+
+def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
+              host: Optional[float] = None) -> float:
+    """:func:`kind_key` of this process: its machine (``host``, default
+    :func:`omnihvd.lags.host_key`), the CPUs it may run on now, ``cpu_cores`` and
+    ``devices``.
+
+    >>> this_kind(None) == this_kind(None) != this_kind(0.5)
+    True
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = sorted(affinity(0)) if affinity else []
+    return kind_key(host_key() if host is None else host, cpus, cpu_cores, devices)
+
+
+class AlikeGroups:
+    """Which ranks are alike, from their :func:`kind_key` and their measured times."""
+
+    def __init__(self):
+        self._kinds: Optional[np.ndarray] = None
+        self._apart = set()    # ranks measured unlike their kind
+        self._deviations = {}  # rank -> its last windows' deviations from its group
+
+    def update(self, kinds):
+        """The ranks' :func:`kind_key` of this window (None: no groups); a change of
+        any rank's resources forgets what was measured of them."""
+        k = None if kinds is None else np.asarray(kinds, dtype=np.float64)
+        if k is None or self._kinds is None or not np.array_equal(k, self._kinds):
+            self._apart, self._deviations = set(), {}
+        self._kinds = k
+
+    def groups(self) -> List[List[int]]:
+        """The groups of two or more alike ranks, lowest rank first."""
+        if self._kinds is None:
+            return []
+        found = {}
+        for rank, kind in enumerate(self._kinds.tolist()):
+            if rank not in self._apart and not math.isnan(kind):
+                found.setdefault(kind, []).append(rank)
+        return sorted((g for g in found.values() if len(g) > 1), key=lambda g: g[0])
+
+    def confirm(self, sizes, times, significance: float = 3.0) -> List[int]:
+        """Let the members whose times differ from their group's leave it; returns them.
+
+        A member's *deviation* in one window is how far its time lies from the
+        group's median time (a pair's: the other's), relative to it, beyond how far
+        its size lies from the median size (sizes one apart, as rounding leaves alike ranks, explain up to that
+        much: ranks sharing a core take the same time at either size, ranks each on
+        their own CPUs proportionally more). It leaves when one window's deviation
+        exceeds :data:`OBVIOUS`, or when the mean of its last :data:`WINDOWS` (at
+        least :data:`MIN_WINDOWS`) exceeds :data:`TOLERANCE` and ``significance``
+        standard errors of that mean (from the windows' spread: one window's time
+        strays by more than its own steps show, most of all on shared cores).
+
+        Args:
+            sizes, times: one window's sizes and mean local times, one per rank
+                (single windows, not pooled ones: their deviations must be
+                independent).
+        """
+        b = np.asarray(sizes, dtype=np.float64)
+        t = np.asarray(times, dtype=np.float64)
+        left = []
+        for group in self.groups():
+            for r in group:
+                # the group's median; a pair's other member (a pair's median would
+                # halve every difference)
+                ref = group if len(group) > 2 else [o for o in group if o != r]
+                apart = t[r] / np.median(t[ref]) - 1.0
+                sized = abs(b[r] / np.median(b[ref]) - 1.0)
+                deviation = math.copysign(max(abs(apart) - sized, 0.0), apart)
+                seen = (self._deviations.get(r, []) + [deviation])[-WINDOWS:]
+                self._deviations[r] = seen
+                mean = float(np.mean(seen))
+                error = float(np.std(seen, ddof=1)) / math.sqrt(len(seen)) if len(seen) > 1 else 0.0
+                if abs(seen[-1]) > OBVIOUS or (len(seen) >= MIN_WINDOWS and abs(mean) > TOLERANCE
+                                               and abs(mean) > significance * error):
+                    left.append(r)
+        self._apart.update(left)   # a member left alone is no group either
+        return left
+
+    def equal_shares(self, sizes) -> np.ndarray:
+        """``sizes`` with each group's members at the group's mean (to be rounded by
+        :func:`omnihvd.controller.apportion`)."""
+        shares = np.asarray(sizes, dtype=np.float64).copy()
+        for group in self.groups():
+            shares[group] = shares[group].mean()
+        return shares

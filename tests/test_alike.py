@@ -1,0 +1,140 @@
+"""Alike ranks (omnihvd.alike): ranks on the same resources held at equal sizes while
+their times agree, and how the controller and the cadence apply it. Pure, single
+process."""
+import numpy as np
+import pytest
+
+from omnihvd.alike import (MIN_WINDOWS, OBVIOUS, TOLERANCE, WINDOWS, AlikeGroups, kind_key,
+                           this_kind)
+from omnihvd.cadence import Cadence
+from omnihvd.controller import Controller
+
+pytestmark = pytest.mark.unit
+
+ALONE, SHARED = 1.0, 2.0   # kinds: rank 0 alone on a core, ranks 1-3 sharing the other
+
+
+def test_kind_key_tells_resources_apart_and_nothing_else():
+    base = kind_key(1.0, [0, 1], 0.5, ["NVIDIA H100"])
+    assert base == kind_key(1.0, [1, 0], 0.5, ["NVIDIA H100"]) == float(int(base))
+    assert base != kind_key(2.0, [0, 1], 0.5, ["NVIDIA H100"])      # another machine
+    assert base != kind_key(1.0, [0], 0.5, ["NVIDIA H100"])         # other CPUs
+    assert base != kind_key(1.0, [0, 1], 0.3, ["NVIDIA H100"])      # another quota
+    assert base != kind_key(1.0, [0, 1], None, ["NVIDIA H100"])     # no quota
+    assert base != kind_key(1.0, [0, 1], 0.5, ["Tesla V100"])       # another GPU model
+    assert this_kind(0.5, host=1.0) == this_kind(0.5, host=1.0) != this_kind(0.5, host=2.0)
+
+
+def test_groups_are_the_kinds_held_by_two_or_more_ranks():
+    groups = AlikeGroups()
+    assert groups.groups() == []
+    groups.update([3.0, 5.0, 3.0, 4.0, 5.0, float("nan"), float("nan")])
+    assert groups.groups() == [[0, 2], [1, 4]]        # NaN: not compared
+    groups.update(None)
+    assert groups.groups() == []
+    assert groups.equal_shares([10, 20]).tolist() == [10.0, 20.0]
+
+
+def confirmed(groups, sizes, times, windows):
+    """What ``windows`` windows of the same ``times`` make leave (per window)."""
+    return [groups.confirm(sizes, times) for _ in range(windows)]
+
+
+def test_a_small_steady_difference_leaves_after_enough_windows():
+    groups = AlikeGroups()
+    groups.update([7.0] * 4)
+    slower = 1.0 + 1.6 * TOLERANCE
+    assert confirmed(groups, [30] * 4, [0.05, 0.05, 0.05, 0.05 * slower], MIN_WINDOWS) == (
+        [[]] * (MIN_WINDOWS - 1) + [[3]])
+    assert groups.groups() == [[0, 1, 2]]
+    groups.update([7.0] * 4)   # and stays out while the kinds stay
+    assert groups.groups() == [[0, 1, 2]]
+
+
+def test_within_tolerance_or_within_the_windows_spread_a_member_stays():
+    groups = AlikeGroups()
+    groups.update([7.0] * 3)
+    near = 1.0 + 0.8 * TOLERANCE
+    assert confirmed(groups, [30] * 3, [0.05, 0.05, 0.05 * near], WINDOWS) == [[]] * WINDOWS
+    # 8% apart on average, but swinging from window to window (a shared core)
+    noisy = AlikeGroups()
+    noisy.update([7.0] * 3)
+    for apart in (1.19, 0.96, 1.18, 0.97, 1.15, 1.05):   # mean +8%, se 4%
+        assert noisy.confirm([30] * 3, [0.05, 0.05, 0.05 * apart]) == []
+
+
+def test_an_obvious_difference_leaves_at_once_and_a_new_kind_forgives():
+    groups = AlikeGroups()
+    groups.update([7.0, 7.0])
+    assert groups.confirm([30, 30], [0.05, 0.05 * (1.0 + 1.2 * OBVIOUS)]) == [1]
+    assert groups.groups() == []   # the rest of a pair is no group
+    groups.update([8.0, 8.0])      # re-pinned: their resources changed, compared afresh
+    assert groups.groups() == [[0, 1]]
+
+
+def test_a_difference_in_size_explains_as_much_difference_in_time():
+    groups = AlikeGroups()
+    groups.update([7.0, 7.0])
+    assert confirmed(groups, [33, 30], [0.055, 0.05], WINDOWS) == [[]] * WINDOWS
+    apart = AlikeGroups()
+    apart.update([7.0, 7.0])
+    assert confirmed(apart, [30, 30], [0.055, 0.05], MIN_WINDOWS)[-1] == [0, 1]
+
+
+def shared_core_times(sizes, rng, noise=0.03):
+    """Local times of rank 0 alone on a core and ranks 1-3 sharing the other (processor
+    sharing: the rank with the least work finishes first, then the rest share the core
+    among fewer), 12 us per sample on a whole core, 2 ms fixed, ``noise`` relative."""
+    b = np.asarray(sizes, dtype=np.float64)
+    work = 12e-6 * b[1:]
+    order = np.argsort(work, kind="stable")
+    shared, done, m = np.empty(3), 0.0, 3
+    for k, r in enumerate(order):
+        shared[r] = done + (m - k) * work[r]
+        done += work[r]
+    times = np.concatenate([[0.002 + 12e-6 * b[0]], 0.002 + shared])
+    return times * (1.0 + rng.normal(0.0, noise, 4))
+
+
+def run(kinds, sizes=(64, 64, 64, 64), rounds=30, seed=0, times=shared_core_times, **kw):
+    ctl = Controller(4, 256)
+    rng = np.random.default_rng(seed)
+    sizes = list(sizes)
+    for _ in range(rounds):
+        t = times(sizes, rng, **kw)
+        sizes = ctl.decide(sizes, t, errors=0.03 * t / np.sqrt(20), kinds=kinds)
+    return ctl, sizes
+
+
+def test_ranks_sharing_a_core_are_held_equal_where_their_times_hardly_tell_them_apart():
+    # the shared core's ranks take about the same time at nearby sizes
+    t = shared_core_times([130, 36, 40, 50], np.random.default_rng(1), noise=0.0)
+    assert t[3] / t[1] < 1.1   # 39% more samples, under 10% more time
+    _, alone = run(None, sizes=(130, 36, 40, 50), noise=0.06)
+    ctl, held = run([ALONE, SHARED, SHARED, SHARED], sizes=(130, 36, 40, 50), noise=0.06)
+    assert max(held[1:]) - min(held[1:]) <= 1 and ctl.alike_groups() == [[1, 2, 3]]
+    # and the split between the cores is as balanced as without the groups
+    assert abs(held[0] - alone[0]) <= 0.05 * alone[0]
+
+
+def test_a_rank_slower_than_its_kind_is_balanced_on_its_own():
+    def emulated(sizes, rng):   # four ranks of one kind, rank 3 slowed 1.5x (a sleep)
+        t = 0.002 + 12e-6 * np.asarray(sizes, dtype=np.float64) * [1.0, 1.0, 1.0, 1.5]
+        return t * (1.0 + rng.normal(0.0, 0.01, 4))
+    ctl, sizes = run([SHARED] * 4, times=emulated, rounds=10)
+    assert ctl.alike_groups() == [[0, 1, 2]]
+    assert max(sizes[:3]) - min(sizes[:3]) <= 1
+    assert sizes[3] < 0.75 * sizes[0]   # fewer samples: balanced, not held equal
+
+
+def test_split_at_holds_alike_ranks_equal_too():
+    ctl = Controller(3, 90)
+    ctl.decide([30, 30, 30], [0.3, 0.2, 0.2], kinds=[1.0, 2.0, 2.0])
+    probe = ctl.split_at(0.25)
+    assert probe[1] == probe[2]
+
+
+def test_the_cadence_passes_the_kinds_through():
+    cad = Cadence(Controller(3, 90), adjust_every=1, settle_steps=0)
+    cad.decide(0, [30, 30, 30], [0.3, 0.2, 0.2], [0.001] * 3, [5] * 3, kinds=[1.0, 2.0, 2.0])
+    assert cad.controller.alike_groups() == [[1, 2]]
