@@ -99,9 +99,13 @@ def test_with_steady_arrivals_the_lead_settles_by_bisection_instead_of_swinging(
 def test_a_rank_last_as_often_as_its_share_keeps_its_lead_and_one_last_more_often_is_led_back():
     # 80% of the samples, last in ~80% of the steps
     assert observed(ArrivalLead(), [20, 80], range(12), lead=0.005) == [0.0] * 12
-    back = observed(ArrivalLead(), [20, 80], range(30), lead=0.02)
-    assert back[0] == pytest.approx(-LEAD_STEP * LOCAL)
-    assert back[-1] == pytest.approx(-MAX_LEAD * LOCAL)
+    # last in every step: led back to no lead, never before the others' mean
+    search = ArrivalLead()
+    ahead = observed(search, [20, 80], range(4), lead=-0.02)
+    assert ahead[-1] == pytest.approx(4 * LEAD_STEP * LOCAL)
+    back = observed(search, [20, 80], range(4, 30), lead=0.02)
+    assert min(back) == back[-1] == 0.0 and max(back) < MAX_LEAD * LOCAL
+    assert observed(ArrivalLead(), [20, 80], range(12), lead=0.02) == [0.0] * 12
 
 
 def test_ranks_of_about_equal_shares_are_not_led():
