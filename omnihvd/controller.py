@@ -768,6 +768,9 @@ class Controller:
             self._arrivals.add(arr)
         # a window that saw a rank change speed spans the change: no lead from it
         self._lead.observe(None if changed.any() else offsets, b, t)
+        if kinds is not None and np.shape(kinds) != (self.num_ranks,):
+            raise ConfigError("kinds must be one number per rank (%d), got %r"
+                              % (self.num_ranks, kinds))
         self._alike.update(kinds)
 
     def _add_to_pool(self, b, t, changed):

@@ -134,6 +134,11 @@ def test_split_at_holds_alike_ranks_equal_too():
     assert probe[1] == probe[2]
 
 
+def test_kinds_of_another_number_of_ranks_are_refused():
+    with pytest.raises(ValueError, match="kinds must be one number per rank"):
+        Controller(3, 90).decide([30, 30, 30], [0.3, 0.2, 0.2], kinds=[1.0, 2.0])
+
+
 def test_the_cadence_passes_the_kinds_through():
     cad = Cadence(Controller(3, 90), adjust_every=1, settle_steps=0)
     cad.decide(0, [30, 30, 30], [0.3, 0.2, 0.2], [0.001] * 3, [5] * 3, kinds=[1.0, 2.0, 2.0])
