@@ -17,7 +17,7 @@ The resources are a claim, not a fact: a rank may be slower than its kind says
 (a sleep in the training script, a throttled GPU, a noisy neighbour pinned to one
 core). Each decision therefore compares the members of a group at their equal
 sizes: a member whose time differs from the group's median by more than
-:data:`OBVIOUS` in one window, or by more than :data:`TOLERANCE` on average over its
+:data:`OBVIOUS` in the first window (later: in two in a row), or by more than :data:`TOLERANCE` on average over its
 last windows and significantly so, leaves the group and is balanced on its own
 from then on (until the ranks' resources change). One window is not enough for a
 small difference: three ranks sharing a core measured up to 14% apart in single
@@ -53,7 +53,8 @@ __all__ = ["TOLERANCE", "WINDOWS", "MIN_WINDOWS", "OBVIOUS", "kind_key", "this_k
 # A member leaves its group when its time differs from the group's median (beyond
 # its difference in size) by more than TOLERANCE on average over its last WINDOWS
 # windows (at least MIN_WINDOWS of them), significantly; or by more than OBVIOUS in
-# one window (a rank with a fifth less CPU than its kind says leaves at the first).
+# the group's first window or in two windows in a row (a rank with a fifth less CPU
+# than its kind says leaves at the first).
 TOLERANCE = 0.05
 WINDOWS = 8
 MIN_WINDOWS = 3
@@ -87,6 +88,14 @@ def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
     affinity = getattr(os, "sched_getaffinity", None)
     cpus = sorted(affinity(0)) if affinity else []
     return kind_key(host_key() if host is None else host, cpus, cpu_cores, devices)
+
+
+def _obvious(deviations) -> bool:
+    """Beyond :data:`OBVIOUS` in the first window of the group, or in the last two
+    the same way (one disturbed window later on is a pause, not a speed)."""
+    last = deviations[-2:]
+    return (all(abs(d) > OBVIOUS for d in last)
+            and (len(deviations) == 1 or last[0] * last[1] > 0))
 
 
 class AlikeGroups:
@@ -127,7 +136,10 @@ class AlikeGroups:
         exceeds :data:`OBVIOUS`, or when the mean of its last :data:`WINDOWS` (at
         least :data:`MIN_WINDOWS`) exceeds :data:`TOLERANCE` and ``significance``
         standard errors of that mean (from the windows' spread: one window's time
-        strays by more than its own steps show, most of all on shared cores).
+        strays by more than its own steps show, most of all on shared cores). After
+        the group's first window an obvious difference must show in two windows in
+        a row: in one 3:1:1:1 launch a disturbed window put one of the three 32%
+        ahead of the others, once.
 
         Args:
             sizes, times: one window's sizes and mean local times, one per rank
@@ -149,8 +161,8 @@ class AlikeGroups:
                 self._deviations[r] = seen
                 mean = float(np.mean(seen))
                 error = float(np.std(seen, ddof=1)) / math.sqrt(len(seen)) if len(seen) > 1 else 0.0
-                if abs(seen[-1]) > OBVIOUS or (len(seen) >= MIN_WINDOWS and abs(mean) > TOLERANCE
-                                               and abs(mean) > significance * error):
+                if _obvious(seen) or (len(seen) >= MIN_WINDOWS and abs(mean) > TOLERANCE
+                                      and abs(mean) > significance * error):
                     left.append(r)
         self._apart.update(left)   # a member left alone is no group either
         return left

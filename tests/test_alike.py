@@ -72,6 +72,18 @@ def test_an_obvious_difference_leaves_at_once_and_a_new_kind_forgives():
     assert groups.groups() == [[0, 1]]
 
 
+def test_after_the_first_window_one_disturbed_window_is_not_enough():
+    groups = AlikeGroups()
+    groups.update([7.0] * 3)
+    assert groups.confirm([30] * 3, [0.05] * 3) == []
+    pause = 1.0 - 1.5 * OBVIOUS   # one window, one rank far ahead of the others
+    assert groups.confirm([30] * 3, [0.05, 0.05, 0.05 * pause]) == []
+    assert confirmed(groups, [30] * 3, [0.05] * 3, WINDOWS) == [[]] * WINDOWS
+    # a second window in a row the same way is a speed: it leaves
+    assert groups.confirm([30] * 3, [0.05, 0.05, 0.05 * pause]) == []
+    assert groups.confirm([30] * 3, [0.05, 0.05, 0.05 * pause]) == [2]
+
+
 def test_a_difference_in_size_explains_as_much_difference_in_time():
     groups = AlikeGroups()
     groups.update([7.0, 7.0])
