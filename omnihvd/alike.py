@@ -17,9 +17,10 @@ The resources are a claim, not a fact: a rank may be slower than its kind says
 (a sleep in the training script, a throttled GPU, a noisy neighbour pinned to one
 core). Each decision therefore compares the members of a group at their equal
 sizes: a member whose time differs from the group's median by more than
-:data:`OBVIOUS` in the first window (later: in two in a row), or by more than :data:`TOLERANCE` on average over its
-last windows and significantly so, leaves the group and is balanced on its own
-from then on (until the ranks' resources change). One window is not enough for a
+:data:`OBVIOUS` in two windows in a row (twice that in the group's first), or by
+more than :data:`TOLERANCE` on average over its last windows and significantly so,
+leaves the group and is balanced on its own from then on (until the ranks'
+resources change). One window is not enough for a
 small difference: three ranks sharing a core measured up to 14% apart in single
 windows at equal sizes, and not the same one each time. Ranks sharing a core can
 also differ by their turn on it: in one of three 2:1:1 launches one of the pair
@@ -53,8 +54,8 @@ __all__ = ["TOLERANCE", "WINDOWS", "MIN_WINDOWS", "OBVIOUS", "kind_key", "this_k
 # A member leaves its group when its time differs from the group's median (beyond
 # its difference in size) by more than TOLERANCE on average over its last WINDOWS
 # windows (at least MIN_WINDOWS of them), significantly; or by more than OBVIOUS in
-# the group's first window or in two windows in a row (a rank with a fifth less CPU
-# than its kind says leaves at the first).
+# two windows in a row, or twice OBVIOUS in the group's first window (a rank with
+# two thirds of the CPU its kind says leaves at the first).
 TOLERANCE = 0.05
 WINDOWS = 8
 MIN_WINDOWS = 3
@@ -91,11 +92,13 @@ def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
 
 
 def _obvious(deviations) -> bool:
-    """Beyond :data:`OBVIOUS` in the first window of the group, or in the last two
-    the same way (one disturbed window later on is a pause, not a speed)."""
+    """Beyond twice :data:`OBVIOUS` in the group's first window (start-up strays),
+    or beyond it in the last two windows the same way (one disturbed window is a
+    pause, not a speed)."""
+    if len(deviations) == 1:
+        return abs(deviations[0]) > 2.0 * OBVIOUS
     last = deviations[-2:]
-    return (all(abs(d) > OBVIOUS for d in last)
-            and (len(deviations) == 1 or last[0] * last[1] > 0))
+    return all(abs(d) > OBVIOUS for d in last) and last[0] * last[1] > 0
 
 
 class AlikeGroups:
@@ -136,10 +139,11 @@ class AlikeGroups:
         exceeds :data:`OBVIOUS`, or when the mean of its last :data:`WINDOWS` (at
         least :data:`MIN_WINDOWS`) exceeds :data:`TOLERANCE` and ``significance``
         standard errors of that mean (from the windows' spread: one window's time
-        strays by more than its own steps show, most of all on shared cores). After
-        the group's first window an obvious difference must show in two windows in
-        a row: in one 3:1:1:1 launch a disturbed window put one of the three 32%
-        ahead of the others, once.
+        strays by more than its own steps show, most of all on shared cores). An
+        obvious difference must show in two windows in a row, or be twice as large
+        in the group's first: in one 3:1:1:1 launch a disturbed window put one of
+        the three 32% ahead of the others, once, and under HL8 quotas the first
+        window put an equal-quota pair 22% apart.
 
         Args:
             sizes, times: one window's sizes and mean local times, one per rank

@@ -66,16 +66,17 @@ def test_within_tolerance_or_within_the_windows_spread_a_member_stays():
 def test_an_obvious_difference_leaves_at_once_and_a_new_kind_forgives():
     groups = AlikeGroups()
     groups.update([7.0, 7.0])
-    assert groups.confirm([30, 30], [0.05, 0.05 * (1.0 + 1.2 * OBVIOUS)]) == [1]
+    assert groups.confirm([30, 30], [0.05, 0.05 * (1.0 + 2.4 * OBVIOUS)]) == [1]
     assert groups.groups() == []   # the rest of a pair is no group
     groups.update([8.0, 8.0])      # re-pinned: their resources changed, compared afresh
     assert groups.groups() == [[0, 1]]
 
 
-def test_after_the_first_window_one_disturbed_window_is_not_enough():
+def test_one_disturbed_window_is_not_enough():
     groups = AlikeGroups()
     groups.update([7.0] * 3)
-    assert groups.confirm([30] * 3, [0.05] * 3) == []
+    # the first window (start-up) strays up to twice the obvious
+    assert groups.confirm([30] * 3, [0.05, 0.05, 0.05 * (1.0 + 1.8 * OBVIOUS)]) == []
     pause = 1.0 - 1.5 * OBVIOUS   # one window, one rank far ahead of the others
     assert groups.confirm([30] * 3, [0.05, 0.05, 0.05 * pause]) == []
     assert confirmed(groups, [30] * 3, [0.05] * 3, WINDOWS) == [[]] * WINDOWS
