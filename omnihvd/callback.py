@@ -167,8 +167,8 @@ class OmniLearnCallback(ScheduledSizes):
         alike_ranks: hold ranks on alike resources at equal sizes (default True):
             ranks on one machine with the same CPUs, CPU quota and kind of
             accelerator get the same batch size while their measured times agree
-            (a rank more than 20% apart in one window, or 5% on average over its
-            last windows, is balanced on its own from then on). Ranks sharing
+            (a rank more than 20% apart in two windows in a row, or 5% on average
+            over its last windows, is balanced on its own from then on). Ranks sharing
             a core take about the same time however they divide it, so the time
             model cannot tell their sizes apart and would leave them anywhere
             (:mod:`omnihvd.alike`); ``cb.history`` records the groups. False: every
