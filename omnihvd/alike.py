@@ -135,15 +135,15 @@ class AlikeGroups:
         its size lies from the median size (sizes one apart, as rounding leaves
         alike ranks, explain up to that much: ranks sharing a core take the same
         time at either size, ranks each on their own CPUs proportionally more). It
-        leaves when one window's deviation
-        exceeds :data:`OBVIOUS`, or when the mean of its last :data:`WINDOWS` (at
-        least :data:`MIN_WINDOWS`) exceeds :data:`TOLERANCE` and ``significance``
-        standard errors of that mean (from the windows' spread: one window's time
-        strays by more than its own steps show, most of all on shared cores). An
-        obvious difference must show in two windows in a row, or be twice as large
-        in the group's first: in one 3:1:1:1 launch a disturbed window put one of
-        the three 32% ahead of the others, once, and under HL8 quotas the first
-        window put an equal-quota pair 22% apart.
+        leaves when its deviation exceeds :data:`OBVIOUS` in two windows in a row
+        the same way (twice that in the group's first window), or when the mean of
+        its last :data:`WINDOWS` (at least :data:`MIN_WINDOWS`) exceeds
+        :data:`TOLERANCE` and ``significance`` standard errors of that mean (from
+        the windows' spread: one window's time strays by more than its own steps
+        show, most of all on shared cores). One window is not enough after the
+        first: in one 3:1:1:1 launch a disturbed window put one of the three 32%
+        ahead of the others, once; and the first may stray: under HL8 quotas it put
+        an equal-quota pair 22% apart.
 
         Args:
             sizes, times: one window's sizes and mean local times, one per rank
