@@ -1064,6 +1064,9 @@ class Controller:
         return t[slow] - t[fast] > self.significance * math.sqrt(e[slow] ** 2 + e[fast] ** 2)
 
     def state_dict(self):
+        """The measured history and the pool of rounds at the current sizes. Not kept:
+        the per-step pools (arrivals, release lags), the arrival lead and the alike
+        groups, re-measured within a few windows of a restore."""
         state = {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
                  "times": [t.tolist() for t in self._times],
                  "valid": [v.tolist() for v in self._valid],
