@@ -40,13 +40,12 @@ Pure numpy and deterministic: the same tables give the same groups on every rank
 [[1, 2]]
 """
 import math
-import os
 import zlib
 from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .lags import host_key
+from .lags import cpuset_key, host_key
 
 __all__ = ["TOLERANCE", "WINDOWS", "MIN_WINDOWS", "OBVIOUS", "kind_key", "this_kind",
            "AlikeGroups"]
@@ -62,33 +61,33 @@ MIN_WINDOWS = 3
 OBVIOUS = 0.2
 
 
-def kind_key(host: float, cpus: Sequence[int], cpu_cores: Optional[float],
+def kind_key(host: float, cpuset: float, cpu_cores: Optional[float],
              devices: Sequence[str] = ()) -> float:
     """A float-exact number that is the same on ranks with the same resources: the
-    crc32 of the machine, the sorted CPUs, the CPU quota in cores (None: none) and
-    the accelerators' names (``torch.cuda.get_device_name``; their indices left out:
-    two GPUs of one model are alike).
+    crc32 of the machine (:func:`omnihvd.lags.host_key`), its CPUs
+    (:func:`omnihvd.lags.cpuset_key`), the CPU quota in cores (None: none) and the
+    accelerators' names (``torch.cuda.get_device_name``; their indices left out: two
+    GPUs of one model are alike).
 
-    >>> kind_key(1.0, [1, 0], 0.5) == kind_key(1.0, [0, 1], 0.5) != kind_key(1.0, [0, 1], 0.3)
+    >>> kind_key(1.0, 5.0, 0.5) == kind_key(1.0, 5.0, 0.5) != kind_key(1.0, 5.0, 0.3)
     True
     """
     cores = None if cpu_cores is None else round(float(cpu_cores), 4)
-    text = repr((float(host), sorted(int(c) for c in cpus), cores, list(devices)))
+    text = repr((float(host), float(cpuset), cores, list(devices)))
     return float(zlib.crc32(text.encode()))
 
 
 def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
-              host: Optional[float] = None) -> float:
+              host: Optional[float] = None, cpuset: Optional[float] = None) -> float:
     """:func:`kind_key` of this process: its machine (``host``, default
-    :func:`omnihvd.lags.host_key`), the CPUs it may run on now, ``cpu_cores`` and
-    ``devices``.
+    :func:`omnihvd.lags.host_key`), the CPUs it may run on now (``cpuset``, default
+    :func:`omnihvd.lags.cpuset_key`), ``cpu_cores`` and ``devices``.
 
     >>> this_kind(None) == this_kind(None) != this_kind(0.5)
     True
     """
-    affinity = getattr(os, "sched_getaffinity", None)
-    cpus = sorted(affinity(0)) if affinity else []
-    return kind_key(host_key() if host is None else host, cpus, cpu_cores, devices)
+    return kind_key(host_key() if host is None else host,
+                    cpuset_key() if cpuset is None else cpuset, cpu_cores, devices)
 
 
 def _obvious(deviations) -> bool:

@@ -592,19 +592,19 @@ class OmniLearnCallback(ScheduledSizes):
                 if self._meter is not None:
                     self._meter.observe(self._step_sizes[self.rank], local)
 
-    def _kind(self) -> float:
-        """This rank's resources for ``alike_ranks`` (NaN with it off), read at every
-        gather: a re-pin or a re-quota shows at once."""
+    def _kind(self, cpuset: float) -> float:
+        """This rank's resources for ``alike_ranks`` (NaN with it off), on the CPUs
+        ``cpuset`` read at this gather: a re-pin or a re-quota shows at once."""
         if not self._options.alike_ranks:
             return float("nan")
-        return this_kind(self._timer.cpu_cores, self._devices, self._host)
+        return this_kind(self._timer.cpu_cores, self._devices, self._host, cpuset)
 
     def _post(self):
         self._record()
         sizes = self.cadence.window_sizes or self.batch_sizes
+        cpuset = cpuset_key()   # a re-pin shows at once
         row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.lookahead,
-                          self._cap, self._host, cpuset_key(),   # a re-pin shows at once
-                          self._kind())
+                          self._cap, self._host, cpuset, self._kind(cpuset))
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:

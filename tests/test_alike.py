@@ -8,6 +8,7 @@ from omnihvd.alike import (MIN_WINDOWS, OBVIOUS, TOLERANCE, WINDOWS, AlikeGroups
                            this_kind)
 from omnihvd.cadence import Cadence
 from omnihvd.controller import Controller
+from omnihvd.payload import digest
 
 pytestmark = pytest.mark.unit
 
@@ -15,14 +16,16 @@ ALONE, SHARED = 1.0, 2.0   # kinds: rank 0 alone on a core, ranks 1-3 sharing th
 
 
 def test_kind_key_tells_resources_apart_and_nothing_else():
-    base = kind_key(1.0, [0, 1], 0.5, ["NVIDIA H100"])
-    assert base == kind_key(1.0, [1, 0], 0.5, ["NVIDIA H100"]) == float(int(base))
-    assert base != kind_key(2.0, [0, 1], 0.5, ["NVIDIA H100"])      # another machine
-    assert base != kind_key(1.0, [0], 0.5, ["NVIDIA H100"])         # other CPUs
-    assert base != kind_key(1.0, [0, 1], 0.3, ["NVIDIA H100"])      # another quota
-    assert base != kind_key(1.0, [0, 1], None, ["NVIDIA H100"])     # no quota
-    assert base != kind_key(1.0, [0, 1], 0.5, ["Tesla V100"])       # another GPU model
+    both, one = digest([0, 1]), digest([0])   # cpuset_key's digests of the CPUs
+    base = kind_key(1.0, both, 0.5, ["NVIDIA H100"])
+    assert base == kind_key(1.0, both, 0.5, ["NVIDIA H100"]) == float(int(base))
+    assert base != kind_key(2.0, both, 0.5, ["NVIDIA H100"])      # another machine
+    assert base != kind_key(1.0, one, 0.5, ["NVIDIA H100"])       # other CPUs
+    assert base != kind_key(1.0, both, 0.3, ["NVIDIA H100"])      # another quota
+    assert base != kind_key(1.0, both, None, ["NVIDIA H100"])     # no quota
+    assert base != kind_key(1.0, both, 0.5, ["Tesla V100"])       # another GPU model
     assert this_kind(0.5, host=1.0) == this_kind(0.5, host=1.0) != this_kind(0.5, host=2.0)
+    assert this_kind(0.5, host=1.0, cpuset=both) != this_kind(0.5, host=1.0, cpuset=one)
 
 
 def test_groups_are_the_kinds_held_by_two_or_more_ranks():
