@@ -16,7 +16,8 @@ controller a noisy choice.
 The resources are a claim, not a fact: a rank may be slower than its kind says
 (a sleep in the training script, a throttled GPU, a noisy neighbour pinned to one
 core). Each decision therefore compares the members of a group at their equal
-sizes: a member whose time differs from the group's median by more than
+sizes: a member whose time differs from the group's median (relative to the
+smaller of the two, so that faster counts as much as slower) by more than
 :data:`OBVIOUS` in two windows in a row (twice that in the group's first), or by
 more than :data:`TOLERANCE` on average over its last windows and significantly so,
 leaves the group and is balanced on its own from then on (until the ranks'
@@ -90,6 +91,16 @@ def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
                     cpuset_key() if cpuset is None else cpuset, cpu_cores, devices)
 
 
+def _relative(value, ref) -> float:
+    """How far ``value`` lies from ``ref``, relative to the smaller of the two: a rank
+    1.5x faster than its group is as far from it as one 1.5x slower (0.5 and -0.5).
+
+    >>> round(_relative(0.075, 0.05), 3), round(_relative(0.05, 0.075), 3)
+    (0.5, -0.5)
+    """
+    return float((value - ref) / min(value, ref))
+
+
 def _obvious(deviations) -> bool:
     """Beyond twice :data:`OBVIOUS` in the group's first window (start-up strays),
     or beyond it in the last two windows the same way (one disturbed window is a
@@ -130,8 +141,9 @@ class AlikeGroups:
         """Let the members whose times differ from their group's leave it; returns them.
 
         A member's *deviation* in one window is how far its time lies from the
-        group's median time (a pair's: the other's), relative to it, beyond how far
-        its size lies from the median size (sizes one apart, as rounding leaves
+        group's median time (a pair's: the other's), relative to the smaller of the
+        two (a faster member as far as a slower one), beyond how far its size lies
+        from the median size (sizes one apart, as rounding leaves
         alike ranks, explain up to that much: ranks sharing a core take the same
         time at either size, ranks each on their own CPUs proportionally more). It
         leaves when its deviation exceeds :data:`OBVIOUS` in two windows in a row
@@ -157,8 +169,8 @@ class AlikeGroups:
                 # the group's median; a pair's other member (a pair's median would
                 # halve every difference)
                 ref = group if len(group) > 2 else [o for o in group if o != r]
-                apart = t[r] / np.median(t[ref]) - 1.0
-                sized = abs(b[r] / np.median(b[ref]) - 1.0)
+                apart = _relative(t[r], np.median(t[ref]))
+                sized = abs(_relative(b[r], np.median(b[ref])))
                 deviation = math.copysign(max(abs(apart) - sized, 0.0), apart)
                 seen = (self._deviations.get(r, []) + [deviation])[-WINDOWS:]
                 self._deviations[r] = seen

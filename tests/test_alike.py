@@ -69,10 +69,20 @@ def test_within_tolerance_or_within_the_windows_spread_a_member_stays():
 def test_an_obvious_difference_leaves_at_once_and_a_new_kind_forgives():
     groups = AlikeGroups()
     groups.update([7.0, 7.0])
-    assert groups.confirm([30, 30], [0.05, 0.05 * (1.0 + 2.4 * OBVIOUS)]) == [1]
-    assert groups.groups() == []   # the rest of a pair is no group
+    # a pair's members are each as far from the other: both leave, and no group is left
+    assert groups.confirm([30, 30], [0.05, 0.05 * (1.0 + 2.4 * OBVIOUS)]) == [0, 1]
+    assert groups.groups() == []
     groups.update([8.0, 8.0])      # re-pinned: their resources changed, compared afresh
     assert groups.groups() == [[0, 1]]
+
+
+@pytest.mark.parametrize("factor", [1.0 + 2.4 * OBVIOUS, 1.0 / (1.0 + 2.4 * OBVIOUS)])
+def test_a_faster_member_leaves_as_soon_as_a_slower_one(factor):
+    # 1.48x faster is as obvious as 1.48x slower (0.05 / 1.48 is only 32% below 0.05)
+    groups = AlikeGroups()
+    groups.update([7.0] * 4)
+    assert groups.confirm([30] * 4, [0.05, 0.05, 0.05, 0.05 * factor]) == [3]
+    assert groups.groups() == [[0, 1, 2]]
 
 
 def test_one_disturbed_window_is_not_enough():
