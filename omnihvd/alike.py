@@ -182,6 +182,34 @@ class AlikeGroups:
         self._apart.update(left)   # a member left alone is no group either
         return left
 
+    def state_dict(self) -> dict:
+        """The kinds, who was let go and the deviations measured (JSON-friendly)."""
+        return {"kinds": None if self._kinds is None else self._kinds.tolist(),
+                "apart": sorted(self._apart),
+                "deviations": [[r, list(d)] for r, d in sorted(self._deviations.items())]}
+
+    def load_state_dict(self, state: dict, num_ranks: int):
+        """Restore :meth:`state_dict` of ``num_ranks`` ranks; the next :meth:`update`
+        with other kinds (other resources after a restart) forgets it.
+
+        Raises:
+            ValueError: a malformed state, or one of another number of ranks.
+        """
+        try:
+            kinds = state["kinds"]
+            kinds = None if kinds is None else np.asarray(kinds, dtype=np.float64)
+            apart = {int(r) for r in state["apart"]}
+            deviations = {int(r): [float(v) for v in d][-WINDOWS:]
+                          for r, d in state["deviations"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError("malformed alike groups state (%r)" % (exc,)) from exc
+        if kinds is not None and kinds.shape != (num_ranks,):
+            raise ValueError("alike groups state: kinds of shape %s, not of %d ranks"
+                             % (kinds.shape, num_ranks))
+        if any(not 0 <= r < num_ranks for r in apart | set(deviations)):
+            raise ValueError("alike groups state names ranks beyond %d" % num_ranks)
+        self._kinds, self._apart, self._deviations = kinds, apart, deviations
+
     def equal_shares(self, sizes) -> np.ndarray:
         """``sizes`` with each group's members at the group's mean (to be rounded by
         :func:`omnihvd.controller.apportion`)."""
