@@ -171,8 +171,11 @@ class OmniLearnCallback(ScheduledSizes):
             over its last windows, is balanced on its own from then on). Ranks sharing
             a core take about the same time however they divide it, so the time
             model cannot tell their sizes apart and would leave them anywhere
-            (:mod:`omnihvd.alike`); ``cb.history`` records the groups. False: every
-            rank is balanced on its own.
+            (:mod:`omnihvd.alike`); ``cb.history`` records the groups. Speeds
+            emulated by sleeps on one machine make every rank one kind: a rank whose
+            time is 1.5x its group's leaves at the first window, one 1.05-1.4x
+            after 2-3 windows. False: every rank is balanced on its own from the
+            first decision.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
