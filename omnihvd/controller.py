@@ -1064,16 +1064,18 @@ class Controller:
         return t[slow] - t[fast] > self.significance * math.sqrt(e[slow] ** 2 + e[fast] ** 2)
 
     def state_dict(self):
-        """The measured history, the pool of rounds at the current sizes, the arrival
-        lead and the alike groups (:meth:`alike_groups`, with who was let go). Not
-        kept: the per-step pools (arrivals, release lags, the lead's pooled steps),
-        gathered afresh within a few windows of a restore."""
+        """The measured history, the pool of rounds at the current sizes and the alike
+        groups (:meth:`alike_groups`, with who was let go). Not kept: the per-step
+        pools (arrivals, release lags) and the arrival lead, searched afresh after a
+        restore (it rests on one machine's clock and on every window's arrivals: a
+        kept lead would outlive ``arrival_lead=False`` or a move to several machines,
+        where no window brings arrivals to correct it)."""
         state = {"policy": self.policy, "sizes": [s.tolist() for s in self._sizes],
                  "times": [t.tolist() for t in self._times],
                  "valid": [v.tolist() for v in self._valid],
                  "ratios": [[None if math.isnan(v) else v for v in r.tolist()]
                             for r in self._ratios],
-                 "lead": self._lead.state_dict(), "alike": self._alike.state_dict()}
+                 "alike": self._alike.state_dict()}
         if self._pool_sizes is not None:
             state["pool"] = {"sizes": self._pool_sizes.tolist(), "sum": self._pool_sum.tolist(),
                              "count": self._pool_count.tolist()}
@@ -1102,17 +1104,13 @@ class Controller:
         if sizes.shape[1] != self.num_ranks:
             raise ConfigError("Controller state has a history of %d ranks, this controller has "
                               "%d" % (sizes.shape[1], self.num_ranks))
-        # The lead and the alike groups (absent in older checkpoints: searched afresh).
-        lead, alike = ArrivalLead(), AlikeGroups()
+        # The alike groups (absent in older checkpoints: compared afresh).
+        alike = AlikeGroups()
         try:
-            if state.get("lead"):
-                lead.load_state_dict(state["lead"])
             if state.get("alike"):
                 alike.load_state_dict(state["alike"], self.num_ranks)
         except ValueError as exc:
             raise ConfigError("Controller state: %s" % exc) from exc
-        if lead.rank is not None and lead.rank >= self.num_ranks:
-            raise ConfigError("Controller state leads rank %d of %d" % (lead.rank, self.num_ranks))
         sizes = list(sizes)
         self._sizes = sizes[-self.history:]
         self._times = list(times)[-self.history:]
@@ -1139,4 +1137,4 @@ class Controller:
                 or not np.array_equal(pool[0], self._sizes[-1])):   # the pool is of the latest
             pool = (self._sizes[-1], self._times[-1].copy(), np.ones(self.num_ranks))
         self._pool_sizes, self._pool_sum, self._pool_count = pool
-        self._lead, self._alike = lead, alike
+        self._lead, self._alike = ArrivalLead(), alike

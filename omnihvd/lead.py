@@ -45,7 +45,6 @@ Pure numpy, deterministic: the same tables give the same lead on every rank.
 >>> round(search.lead, 4), search.charges(2).round(4).tolist()   # P_L = 0.05 < w_L = 0.8
 (0.0025, [0.0, -0.0025])
 """
-import math
 from typing import Optional
 
 import numpy as np
@@ -137,10 +136,8 @@ class ArrivalLead:
         self.derivative = (float("nan"), float("nan"))   # D and its standard error
 
     def observe(self, offsets, sizes, times):
-        """Move the lead from one window's :func:`arrival_offsets`, measured at
-        ``sizes`` with mean local times ``times``. None (no arrivals: the option off,
-        ranks on several machines) forgets the lead, one restored from a checkpoint
-        included; an empty table leaves it where it is."""
+        """Move the lead from one window's :func:`arrival_offsets` (None: no move),
+        measured at ``sizes`` with mean local times ``times``."""
         rank, before = self.rank, self.lead
         self._observe(offsets, sizes, times)
         # a new rank led starts from no lead
@@ -153,10 +150,7 @@ class ArrivalLead:
 
     def _observe(self, offsets, sizes, times):
         b = np.asarray(sizes, dtype=np.float64)
-        if offsets is None:
-            self.forget()
-            return
-        if not len(offsets) or b.size < 2:
+        if offsets is None or not len(offsets) or b.size < 2:
             return
         rank = int(np.argmax(b))
         if b[rank] < DOMINANCE * np.delete(b, rank).max():
@@ -188,31 +182,6 @@ class ArrivalLead:
             self._step = min(self._step * 2.0, LEAD_STEP)       # far off: speed up
         self._last_move = move
         self.lead = min(max(self.lead + move * self._step * local, 0.0), MAX_LEAD * local)
-
-    def state_dict(self) -> dict:
-        """The rank led, its lead and the search's step (JSON-friendly); the pooled
-        steps are not kept: the search gathers them afresh."""
-        return {"rank": self.rank, "lead": self.lead, "step": self._step,
-                "last_move": self._last_move, "run": self._run}
-
-    def load_state_dict(self, state: dict):
-        """Restore :meth:`state_dict`.
-
-        Raises:
-            ValueError: a malformed state.
-        """
-        try:
-            rank = None if state["rank"] is None else int(state["rank"])
-            lead, step = float(state["lead"]), float(state["step"])
-            last_move, run = int(state["last_move"]), int(state["run"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError("malformed arrival lead state (%r)" % (exc,)) from exc
-        if not (0.0 <= lead < math.inf and MIN_LEAD_STEP <= step <= LEAD_STEP
-                and last_move in (-1, 0, 1) and run >= 0 and (rank is None or rank >= 0)):
-            raise ValueError("malformed arrival lead state %r" % (state,))
-        self.forget()
-        self.rank, self.lead, self._step, self._last_move, self._run = (
-            rank, lead, step, last_move, run)
 
     def charges(self, num_ranks: int, lead: Optional[float] = None) -> np.ndarray:
         """Seconds to add to each rank's time: minus the lead (or ``lead``) for the

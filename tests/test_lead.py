@@ -118,17 +118,16 @@ def test_ranks_of_about_equal_shares_are_not_led():
     assert observed(ArrivalLead(), [share, 100 - share], range(3), lead=-0.005)[-1] > 0
 
 
-def test_the_lead_restarts_with_a_new_rank_holds_without_steps_and_ends_without_arrivals():
+def test_the_lead_restarts_with_a_new_rank_and_holds_without_data():
     search = ArrivalLead()
     observed(search, [20, 80], range(3), lead=-0.005)
     assert search.lead > 0
     # rank 0 now has the most samples: its lead starts from 0 (one move at most)
     observed(search, [80, 20], [7], lead=-0.005, led=0)
     assert search.rank == 0 and search.lead == pytest.approx(LEAD_STEP * LOCAL)
-    search.observe(np.empty((0, 2)), sizes=[80, 20], times=[LOCAL, LOCAL])   # no whole step
+    search.observe(None, sizes=[80, 20], times=[LOCAL, LOCAL])   # nothing gathered
     assert search.lead == pytest.approx(LEAD_STEP * LOCAL) and not search.moved
-    # no arrivals at all (the option off, ranks on several machines): no lead
-    search.observe(None, sizes=[80, 20], times=[LOCAL, LOCAL])
+    search.forget()
     assert search.lead == 0.0 and search.rank is None
 
 
