@@ -65,8 +65,11 @@ class AsyncOmniLearnCallback:
         balance: True: equalise the workers' update intervals by moving batch size
             (OmniLearn); False: keep ``initial_batch_sizes`` (default equal) throughout.
         initial_batch_sizes, min_batch_size, max_batch_size, deadband, gain, policy,
-            settle_steps, timing, history: as for :class:`omnihvd.OmniLearnCallback`,
+            settle_steps, timing: as for :class:`omnihvd.OmniLearnCallback`,
             per worker.
+        history: past decisions' measurements the controller fits its time model
+            to (:class:`omnihvd.controller.Controller`'s ``history``; not the
+            synchronous callback's ``history_size``).
         adjust_every: rounds between decisions; a round is one update per worker on
             average.
         momentum, weight_decay: of the servers' SGD.

@@ -533,7 +533,8 @@ def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
     if any(q.period_us > QUOTA_PERIOD_LIMIT_US for q in quotas):
         problems.append("with a period this long, a rank that polls in MPI while waiting for "
                         "its peers uses up its quota and stalls for the rest of the period "
-                        "(Horovod steps can take 10-30x longer)")
+                        "(plain Horovod at 100/60/30% of a core took 155 ms per step with a "
+                        "100 ms period, 87 ms with 10 ms: docs/cpu-quotas.rst)")
         fixes.append(QUOTA_FIX)
     spread = quota_spread(min(q.cores for q in quotas),
                           usable_cpus() if cpus is None else cpus)
