@@ -95,6 +95,11 @@ def _fsum(values) -> float:
     return float(np.sum(np.asarray(values, dtype=np.float64)))
 
 
+# The largest size or count accepted: every float64 up to it is an exact integer (the
+# gathered rows carry sizes as float64), and sums of a few of them fit an int64.
+MAX_COUNT = 2 ** 53
+
+
 def _as_int_vector(name, values, n=None):
     try:
         arr = np.asarray(values)
@@ -111,10 +116,17 @@ def _as_int_vector(name, values, n=None):
     elif arr.dtype.kind not in "iu" or (isinstance(values, (list, tuple)) and any(
             isinstance(v, (bool, np.bool_)) for v in values)):  # [16, True] is int64 to numpy
         raise ConfigError("%s must hold integers, got %r" % (name, values))
+    if np.any(np.abs(arr) > MAX_COUNT):
+        raise ConfigError("%s must hold integers up to 2**53, got %r" % (name, list(values)))
     return arr.astype(np.int64)
 
 
 def _as_time_vector(name, values, n):
+    raw = np.asarray(values, dtype=object) if isinstance(values, (list, tuple)) else None
+    if raw is not None and raw.ndim == 1 and any(
+            isinstance(v, (bool, np.bool_, str, bytes)) for v in raw):
+        raise ConfigError("%s must be a sequence of seconds (numbers, not bools or strings), "
+                          "got %r" % (name, values))
     try:
         arr = np.asarray(values, dtype=np.float64)
     except Exception as exc:
@@ -133,6 +145,8 @@ def _check_int(name, value, minimum):
         raise ConfigError("%s must be an integer, got %r" % (name, value))
     if value < minimum:
         raise ConfigError("%s must be >= %d, got %d" % (name, minimum, value))
+    if value > MAX_COUNT:
+        raise ConfigError("%s must be <= 2**53, got %d" % (name, value))
     return int(value)
 
 
