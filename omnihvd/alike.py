@@ -13,6 +13,10 @@ however they divide it, and ranks of equal speed each on their own CPUs are
 fastest at equal sizes, so holding them equal costs nothing and spares the
 controller a noisy choice.
 
+So is the user's own split: ranks that ``initial_batch_sizes`` sets apart (by more
+than one size unit, :func:`size_classes`) are never alike, whatever their
+resources -- at unequal sizes their times cannot show whether they are alike.
+
 The resources are a claim, not a fact: a rank may be slower than its kind says
 (a sleep in the training script, a throttled GPU, a noisy neighbour pinned to one
 core). Each decision therefore compares the members of a group at their equal
@@ -49,7 +53,7 @@ import numpy as np
 from .lags import cpuset_key, host_key
 
 __all__ = ["TOLERANCE", "WINDOWS", "MIN_WINDOWS", "OBVIOUS", "kind_key", "this_kind",
-           "AlikeGroups"]
+           "size_classes", "AlikeGroups"]
 
 # A member leaves its group when its time differs from the group's median (beyond
 # its difference in size) by more than TOLERANCE on average over its last WINDOWS
@@ -63,32 +67,54 @@ OBVIOUS = 0.2
 
 
 def kind_key(host: float, cpuset: float, cpu_cores: Optional[float],
-             devices: Sequence[str] = ()) -> float:
+             devices: Sequence[str] = (), size_class: Optional[int] = None) -> float:
     """A float-exact number that is the same on ranks with the same resources: the
     crc32 of the machine (:func:`omnihvd.lags.host_key`), its CPUs
     (:func:`omnihvd.lags.cpuset_key`), the CPU quota in cores (None: none) and the
     accelerators' names (``torch.cuda.get_device_name``; their indices left out: two
-    GPUs of one model are alike).
+    GPUs of one model are alike), and the rank's class in the user's initial split
+    (:func:`size_classes`; None: no split given).
 
     >>> kind_key(1.0, 5.0, 0.5) == kind_key(1.0, 5.0, 0.5) != kind_key(1.0, 5.0, 0.3)
     True
+    >>> kind_key(1.0, 5.0, None, size_class=0) != kind_key(1.0, 5.0, None, size_class=1)
+    True
     """
     cores = None if cpu_cores is None else round(float(cpu_cores), 4)
-    text = repr((float(host), float(cpuset), cores, list(devices)))
-    return float(zlib.crc32(text.encode()))
+    key = (float(host), float(cpuset), cores, list(devices))
+    if size_class is not None:
+        key += (int(size_class),)
+    return float(zlib.crc32(repr(key).encode()))
 
 
 def this_kind(cpu_cores: Optional[float], devices: Sequence[str] = (),
-              host: Optional[float] = None, cpuset: Optional[float] = None) -> float:
+              host: Optional[float] = None, cpuset: Optional[float] = None,
+              size_class: Optional[int] = None) -> float:
     """:func:`kind_key` of this process: its machine (``host``, default
     :func:`omnihvd.lags.host_key`), the CPUs it may run on now (``cpuset``, default
-    :func:`omnihvd.lags.cpuset_key`), ``cpu_cores`` and ``devices``.
+    :func:`omnihvd.lags.cpuset_key`), ``cpu_cores``, ``devices`` and ``size_class``.
 
     >>> this_kind(None) == this_kind(None) != this_kind(0.5)
     True
     """
     return kind_key(host_key() if host is None else host,
-                    cpuset_key() if cpuset is None else cpuset, cpu_cores, devices)
+                    cpuset_key() if cpuset is None else cpuset, cpu_cores, devices, size_class)
+
+
+def size_classes(sizes: Sequence[int], unit: int = 1) -> List[int]:
+    """Each rank's class in a split: sizes within ``unit`` of the next larger one
+    (as rounding leaves an equal split) are one class, numbered from the smallest.
+
+    >>> size_classes([14, 7, 3]), size_classes([34, 33, 33]), size_classes([16, 16, 8, 8])
+    ([2, 1, 0], [0, 0, 0], [1, 1, 0, 0])
+    """
+    order = sorted(set(int(b) for b in sizes))
+    classes, current = {}, 0
+    for i, b in enumerate(order):
+        if i and b - order[i - 1] > unit:
+            current += 1
+        classes[b] = current
+    return [classes[int(b)] for b in sizes]
 
 
 def _relative(value, ref) -> float:

@@ -45,11 +45,11 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from .alike import this_kind
+from .alike import size_classes, this_kind
 from .cadence import Cadence
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
-from .comm import HorovodComm, LocalComm, PendingGather, make_comm
+from .comm import HorovodComm, LocalComm, PendingGather, agree_on_comm, make_comm
 from .controller import DEFAULT_DEADBAND, partial_split
 from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
 from .errors import ConfigError
@@ -63,7 +63,7 @@ from .payload import payload_row, read_gathered
 from .schedule import ScheduledSizes, SizeSchedule
 from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
 from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight,
-                        synchronized_flag)
+                        synchronized_flag, weighted_parameters)
 
 __all__ = ["OmniLearnCallback"]
 
@@ -174,8 +174,9 @@ class OmniLearnCallback(ScheduledSizes):
             (:mod:`omnihvd.alike`); ``cb.history`` records the groups. Speeds
             emulated by sleeps on one machine make every rank one kind: a rank whose
             time is 1.5x its group's leaves at the first window, one 1.05-1.4x
-            after 2-3 windows. False: every rank is balanced on its own from the
-            first decision.
+            after 2-3 windows. Ranks that ``initial_batch_sizes`` sets apart (by
+            more than one ``size_multiple``) are never alike. False: every rank is
+            balanced on its own from the first decision.
 
     Raises:
         ConfigError: on every rank, when any rank's options are invalid (the message
@@ -240,6 +241,9 @@ class OmniLearnCallback(ScheduledSizes):
         self._initial_given = initial_batch_sizes is not None
         if abort_on_exception is None:
             abort_on_exception = hvd.size() > 1 and not self._elastic
+        if hvd.size() > 1 and not self._elastic:   # before make_comm's collective Dup()
+            agree_on_comm(comm, hvd.rank(), hvd.size(),
+                          lambda obj: HorovodComm().allgather_object(obj, "omnihvd.comm_check"))
         self._start(make_comm(comm, rank=hvd.rank(), size=hvd.size()), model, optimizer,
                     option_values(locals()), abort_on_exception)
 
@@ -271,7 +275,8 @@ class OmniLearnCallback(ScheduledSizes):
 
     def _install_hooks(self) -> list:
         """Gradient weights and the timing boundary; returns handles with ``remove()``."""
-        return [register_gradient_weight(self._model.parameters(), self._weight),
+        return [register_gradient_weight(weighted_parameters(self._model, self._optimizer),
+                                         self._weight, exclusive=True),
                 self._optimizer.register_step_pre_hook(self._on_step_entry),
                 self._optimizer.register_step_post_hook(self._on_step_exit)]
 
@@ -306,6 +311,9 @@ class OmniLearnCallback(ScheduledSizes):
         self.schedule = SizeSchedule(self.rank, self.num_ranks, o.global_batch_size,
                                      o.initial_batch_sizes, partial=self._partial_split)
         self._model, self._optimizer = model, optimizer
+        # ranks the user's initial split sets apart are never alike (omnihvd.alike)
+        self._size_class = (size_classes(o.initial_batch_sizes, o.size_multiple)[self.rank]
+                            if options.get("initial_batch_sizes") is not None else None)
         self._backward_passes = getattr(optimizer, "backward_passes_per_step", 1)
         # None: this optimizer does not expose Horovod's private flag, so an explicit
         # synchronize() before step() cannot be detected (warned at on_train_begin).
@@ -326,6 +334,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._update_began = None     # perf_counter at the optimizer update's start
         self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
         self._began = None            # (step, perf_counter) of the last on_batch_begin
+        self._begun = False           # on_batch_begin ran since the last opt.step()
+        self._begun_step = None       # the step of the last on_batch_begin
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         self._host = host_key()       # whose ranks share this one's clock (omnihvd.lags)
@@ -441,7 +451,9 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
+        self._check_training_sampler()
         sizes = self.schedule.batch_sizes_at(self.step)
+        self._begun, self._begun_step = True, self.step
         if self.cadence.tuner is not None:   # the step period, for tune_split only
             if self._began is not None and self._began[0] == self.step - 1:
                 self.cadence.record_period(t0 - self._began[1])  # before a new window opens
@@ -456,6 +468,24 @@ class OmniLearnCallback(ScheduledSizes):
         self._update_began, self._step_depth = None, 0
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
+
+    def _check_training_sampler(self):
+        """The training sampler must hand out the steps the loop runs: by this step's
+        start it has handed out the previous one at least (the current one too unless
+        the loop fetches after ``on_batch_begin``).
+
+        Raises:
+            ConfigError: the loop runs on another loader's batches (a validation
+                sampler created first drives the schedule, and the training one, read
+                only, hands out sizes that prefetching makes stale: wrong weights).
+        """
+        if self.schedule.driven and self.schedule.issued_upto < self.step - 1:
+            raise ConfigError(
+                "step %d runs on batches the training sampler did not hand out (it handed out "
+                "steps up to %d): the training sampler is the HeterogeneousBatchSampler created "
+                "with train=True, by default the first one created on this callback; create "
+                "validation samplers after it, or with train=False"
+                % (self.step, self.schedule.issued_upto))
 
     def check_batch(self, batch):
         """Check that ``batch`` holds this rank's size for the current step.
@@ -536,6 +566,16 @@ class OmniLearnCallback(ScheduledSizes):
         # (dearer on a slow or shared CPU), timed to its exit and charged to the next
         # step like data loading.
         self._step_depth += 1
+        if self._step_depth == 1:
+            # A step with no on_batch_begin of its own: since the last opt.step() none ran
+            # and the loop has moved on to another batch (several updates on one batch,
+            # or on_batch_end before opt.step(), keep the weights of their batch).
+            if not self._begun and self._begun_step != self.step:
+                raise ConfigError(
+                    "opt.step() ran without cb.on_batch_begin() for this batch (rank %d, step "
+                    "%d): its gradients did not get their batch-size weights; call "
+                    "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
+            self._begun = False
         if self._step_depth == 2 and self._recorded and not self._timer.running:
             self._update_began = time.perf_counter()
             self._released(self._update_began)
@@ -600,7 +640,8 @@ class OmniLearnCallback(ScheduledSizes):
         ``cpuset`` read at this gather: a re-pin or a re-quota shows at once."""
         if not self._options.alike_ranks:
             return float("nan")
-        return this_kind(self._timer.cpu_cores, self._devices, self._host, cpuset)
+        return this_kind(self._timer.cpu_cores, self._devices, self._host, cpuset,
+                         self._size_class)
 
     def _post(self):
         self._record()
@@ -667,7 +708,9 @@ class OmniLearnCallback(ScheduledSizes):
             record["arrival_lead"] = self.controller.arrival_lead()
         if self._options.alike_ranks:
             record["alike"] = self.controller.alike_groups()
-        record.update(new_sizes=decision.new_sizes or got.sizes, changed=decision.changed,
+        # skipped or held: the split held from now on (not a partial step's sizes)
+        record.update(new_sizes=decision.new_sizes or self.schedule.latest,
+                      changed=decision.changed,
                       effective_step=decision.effective_step)
         if decision.skipped is not None:
             record["skipped"] = decision.skipped

@@ -34,8 +34,8 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", "PendingGather",
-           "hold_past_exit"]
+__all__ = ["MPIComm", "HorovodComm", "LocalComm", "TorchDistComm", "make_comm", "agree_on_comm",
+           "PendingGather", "hold_past_exit"]
 
 log = logging.getLogger("omnihvd")
 
@@ -233,6 +233,61 @@ class TorchDistComm:
         return [pickle.loads(rows[r, :n].tobytes()) for r, n in enumerate(lengths)]
 
 
+def _comm_kind(comm, rank: int, size: int) -> str:
+    """What :func:`make_comm` builds from ``comm``: ``"default"``, ``"mpi4py"`` or
+    ``"custom"``, checked against Horovod's ``rank`` and ``size`` without a collective.
+
+    Raises:
+        ConfigError: not a communicator, or one of another rank or size.
+    """
+    if comm is None:
+        return "default"
+    if hasattr(comm, "Get_rank") and hasattr(comm, "Dup"):
+        kind, got = "mpi4py", (comm.Get_rank(), comm.Get_size())
+    elif all(hasattr(comm, a) for a in ("rank", "size", "allgather", "iallgather",
+                                         "allgather_object")):
+        kind, got = "custom", (comm.rank, comm.size)
+    else:
+        raise ConfigError("comm must be None, an mpi4py communicator, or an object with rank, "
+                          "size, allgather, iallgather and allgather_object; got %r" % (comm,))
+    if got != (rank, size):
+        raise ConfigError(
+            "the communicator has rank %d of %d but Horovod has rank %d of %d; pass the "
+            "communicator given to hvd.init(comm=...) as OmniLearnCallback(comm=...)"
+            % (got + (rank, size)))
+    return kind
+
+
+def agree_on_comm(comm, rank: int, size: int, gather):
+    """Check ``comm`` on every rank before any rank makes a collective on it (an
+    mpi4py communicator is duplicated: a rank alone in that waits for ever).
+
+    Args:
+        comm, rank, size: as for :func:`make_comm`.
+        gather: ``obj -> [every rank's obj]`` over another transport (Horovod's).
+
+    Raises:
+        ConfigError: on every rank, when ``comm`` is bad on any rank or not of one
+            kind on all.
+
+    >>> agree_on_comm(None, 0, 2, gather=lambda obj: [obj, ("ok", "mpi4py")])
+    Traceback (most recent call last):
+    ...
+    omnihvd.errors.ConfigError: comm= must be of one kind on every rank: rank 0 default, rank 1 mpi4py
+    """
+    try:
+        report = ("ok", _comm_kind(comm, rank, size))
+    except ConfigError as exc:
+        report = ("error", str(exc))
+    reports = gather(report)
+    for r, (status, text) in enumerate(reports):
+        if status == "error":
+            raise ConfigError("comm= on rank %d: %s" % (r, text))
+    if len({text for _, text in reports}) > 1:
+        raise ConfigError("comm= must be of one kind on every rank: %s"
+                          % ", ".join("rank %d %s" % (r, t) for r, (_, t) in enumerate(reports)))
+
+
 def make_comm(comm=None, *, rank: int, size: int):
     """The communicator for a callback on Horovod rank ``rank`` of ``size``.
 
@@ -245,25 +300,16 @@ def make_comm(comm=None, *, rank: int, size: int):
     Raises:
         ConfigError: the communicator's rank/size differ from Horovod's.
     """
-    if comm is None:
-        comm = LocalComm() if size == 1 else HorovodComm()
-    elif hasattr(comm, "Get_rank") and hasattr(comm, "Dup"):
-        from mpi4py import MPI
+    kind = _comm_kind(comm, rank, size)
+    if kind == "default":
+        return LocalComm() if size == 1 else HorovodComm()
+    if kind == "custom":
+        return comm
+    from mpi4py import MPI
 
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            log.warning("omnihvd: rank %d: MPI provides thread level %d, not MPI_THREAD_MULTIPLE; "
-                        "mpi4py calls beside Horovod's background thread are unsafe, so omnihvd "
-                        "gathers through Horovod instead", rank, MPI.Query_thread())
-            comm = HorovodComm()
-        else:
-            comm = MPIComm(comm)
-    elif not all(hasattr(comm, a) for a in ("rank", "size", "allgather", "iallgather",
-                                              "allgather_object")):
-        raise ConfigError("comm must be None, an mpi4py communicator, or an object with rank, "
-                          "size, allgather, iallgather and allgather_object; got %r" % (comm,))
-    if comm.rank != rank or comm.size != size:
-        raise ConfigError(
-            "the communicator has rank %d of %d but Horovod has rank %d of %d; pass the "
-            "communicator given to hvd.init(comm=...) as OmniLearnCallback(comm=...)"
-            % (comm.rank, comm.size, rank, size))
-    return comm
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        log.warning("omnihvd: rank %d: MPI provides thread level %d, not MPI_THREAD_MULTIPLE; "
+                    "mpi4py calls beside Horovod's background thread are unsafe, so omnihvd "
+                    "gathers through Horovod instead", rank, MPI.Query_thread())
+        return HorovodComm()
+    return MPIComm(comm)

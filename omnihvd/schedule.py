@@ -86,9 +86,14 @@ class SizeSchedule:
         return self.step
 
     def batch_sizes_at(self, step: int) -> List[int]:
-        """All ranks' sizes for global step ``step`` as scheduled now."""
+        """All ranks' sizes for global step ``step`` as scheduled now (an epoch's last,
+        partial step: as handed out)."""
         if step in self._issued:
             return list(self._issued[step])
+        return self.split_at(step)
+
+    def split_at(self, step: int) -> List[int]:
+        """The split of B in force at global step ``step`` (a partial step is cut from it)."""
         sizes = self._changes[0][1]
         for first, s in self._changes:
             if first > step:
@@ -132,6 +137,16 @@ class SizeSchedule:
     def can_split(self, total: int) -> bool:
         """Whether a partial step of ``total`` samples fits the bounds now."""
         return self._partial(self.batch_sizes_at(self.step), total) is not None
+
+    @property
+    def driven(self) -> bool:
+        """Whether a training sampler (``train=True``) hands out this schedule's steps."""
+        return any(getattr(s, "train", False) for s in self.samplers)
+
+    @property
+    def issued_upto(self) -> int:
+        """The last step a training sampler handed out (``current_step - 1``: none yet)."""
+        return self._issued_upto
 
     @property
     def handed_out(self) -> bool:
@@ -198,12 +213,14 @@ class ScheduledSizes:
 
     @property
     def batch_sizes(self) -> List[int]:
-        """Every rank's current batch size (the same list on every rank); sums to B."""
-        return self.schedule.batch_sizes_at(self.schedule.step)
+        """Every rank's current batch size (the same list on every rank); sums to B.
+        An epoch's last, partial step (``drop_last=False``) is cut from it:
+        :meth:`batch_sizes_at` of the step gives what that step's batches hold."""
+        return self.schedule.split_at(self.schedule.step)
 
     @property
     def batch_size(self) -> int:
-        """This rank's current batch size, b_i."""
+        """This rank's current batch size, b_i (of :attr:`batch_sizes`)."""
         return self.batch_sizes[self.rank]
 
     def batch_sizes_at(self, step: int) -> List[int]:

@@ -16,19 +16,24 @@ sum already divided by a global count, see ``OmniLearnCallback.global_count``); 
 global-batch loss is then the plain sum of the ranks' losses, so the weight does not
 depend on the sizes: ``n`` under Average, 1 under Sum.
 
-The multiplication is a tensor hook on every parameter. On a leaf tensor such a
+The multiplication is a tensor hook on every parameter Horovod allreduces -- the
+optimizer's, including any outside the model (a loss's learnable temperature) --
+and on the model's. On a leaf tensor such a
 hook runs before the gradient is accumulated into ``.grad``, hence before Horovod's
 own hook (registered on the gradient accumulator) launches the allreduce. It
 therefore composes with ``backward_passes_per_step > 1`` (each micro-step is
 weighted before accumulation) and with parameters that get no gradient (no hook
-fires; Horovod allreduces zeros for them).
+fires; Horovod allreduces zeros for them). A parameter carries at most one
+callback's weight at a time (:func:`register_gradient_weight` with
+``exclusive=True``): two would multiply it twice.
 """
-from typing import List
+import weakref
+from typing import Dict, List, Tuple
 
 from .errors import ConfigError
 
 __all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "register_gradient_weight",
-           "synchronized_flag"]
+           "synchronized_flag", "weighted_parameters"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -97,14 +102,29 @@ class GradientWeight:
         return grad * self.value
 
 
+# id(parameter) -> (a weak reference to it, the GradientWeight it carries), for the
+# registrations made with exclusive=True that are still in place.
+_EXCLUSIVE: Dict[int, Tuple[weakref.ref, "GradientWeight"]] = {}
+
+
+def _exclusive_weight(p):
+    """The GradientWeight an exclusive registration put on ``p``, or None."""
+    held = _EXCLUSIVE.get(id(p))
+    return held[1] if held is not None and held[0]() is p else None
+
+
 class _Handles:
-    def __init__(self, handles: List):
+    def __init__(self, handles: List, exclusive: List = ()):
         self._handles = handles
+        self._exclusive = list(exclusive)
 
     def remove(self):
         for h in self._handles:
             h.remove()
         self._handles = []
+        for key in self._exclusive:
+            _EXCLUSIVE.pop(key, None)
+        self._exclusive = []
 
     def __len__(self):
         return len(self._handles)
@@ -115,6 +135,9 @@ def _optimizer_op(optimizer):
     import horovod.torch as hvd
 
     op = getattr(optimizer, "op", None)
+    step = getattr(type(optimizer), "step", None)
+    if op is None and getattr(step, "__qualname__", "").startswith("_DistributedAdasumOptimizer."):
+        op = hvd.Adasum   # Horovod's Adasum optimizer (2+ ranks) keeps no op attribute
     if op is None or not hasattr(optimizer, "synchronize"):
         raise ConfigError(
             "optimizer must be a Horovod optimizer, got %s; wrap it: "
@@ -128,15 +151,40 @@ def _optimizer_op(optimizer):
                       "combines gradients non-linearly, so batch-size weights cannot apply)" % (op,))
 
 
-def register_gradient_weight(parameters, weight: GradientWeight):
+def weighted_parameters(model, optimizer) -> List:
+    """The parameters whose gradients get the weight, each once: the optimizer's
+    (what Horovod allreduces, the model's or not) and the model's.
+
+    >>> import torch
+    >>> model, temperature = torch.nn.Linear(2, 1), torch.nn.Parameter(torch.ones(1))
+    >>> opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.1)
+    >>> len(weighted_parameters(model, opt)), len(weighted_parameters(model, None))
+    (3, 2)
+    """
+    found, seen = [], set()
+    groups = getattr(optimizer, "param_groups", None) or []
+    for p in [q for g in groups for q in g.get("params", [])] + list(model.parameters()):
+        if id(p) not in seen:
+            seen.add(id(p))
+            found.append(p)
+    return found
+
+
+def register_gradient_weight(parameters, weight: GradientWeight, exclusive: bool = False):
     """Register ``weight`` on every parameter that requires grad; returns a handle.
 
     Args:
         parameters: iterable of tensors (e.g. ``model.parameters()``).
         weight: the shared :class:`GradientWeight` state.
+        exclusive: refuse parameters that already carry another exclusive weight
+            (another callback still attached to them), and claim these until
+            ``remove()``.
 
     Returns:
         an object whose ``remove()`` takes all the hooks off again.
+
+    Raises:
+        ConfigError: with ``exclusive``, a parameter already carries another weight.
 
     >>> import torch
     >>> p = torch.ones(2, requires_grad=True)
@@ -147,8 +195,15 @@ def register_gradient_weight(parameters, weight: GradientWeight):
     >>> h.remove(); p.grad = None; (p * 4).sum().backward(); p.grad.tolist()
     [4.0, 4.0]
     """
-    handles = []
-    for p in parameters:
-        if getattr(p, "requires_grad", False):
-            handles.append(p.register_hook(weight))
-    return _Handles(handles)
+    params = [p for p in parameters if getattr(p, "requires_grad", False)]
+    if exclusive and any(_exclusive_weight(p) not in (None, weight) for p in params):
+        raise ConfigError("the model's parameters already carry the gradient weights of another "
+                          "OmniLearnCallback that is still attached (two would weight every "
+                          "gradient twice): call on_train_end() on the old callback first")
+    handles = [p.register_hook(weight) for p in params]
+    claimed = []
+    if exclusive:
+        for p in params:
+            _EXCLUSIVE[id(p)] = (weakref.ref(p), weight)
+            claimed.append(id(p))
+    return _Handles(handles, claimed)

@@ -22,6 +22,7 @@ NEEDS_INSTALL = (
     "omnihvd.sampler",                          # torch at import
     "omnihvd.normalization.batchnorm_layers",   # a torch model
     "omnihvd.weighting.register_gradient_weight",  # a torch tensor hook
+    "omnihvd.weighting.weighted_parameters",     # a torch model and optimizer
     "omnihvd.tools.doctor.run_checks",          # runs the doctor on this install
     "omnihvd.elastic",                          # horovod.torch at import (a TorchState subclass)
 )

@@ -413,6 +413,91 @@ def test_step_after_train_end_is_not_timed(data):
 # ------------------------------------------------------- hardening (issue 11)
 
 
+def test_a_second_callback_on_one_model_waits_for_the_first_to_end():
+    # Both callbacks' hooks would weight every gradient twice.
+    model, opt, first = build()
+    first.on_train_begin()
+    second = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B)
+    with pytest.raises(ConfigError, match="on_train_end"):
+        second.on_train_begin()
+    first.on_train_end()
+    second.on_train_begin()
+    second.on_train_end()
+    first.on_train_begin()   # a callback may start again once the other has ended
+    first.on_train_end()
+
+
+def one_update(model, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def test_a_step_without_on_batch_begin_is_refused(data):
+    # Its gradients would keep the weights of another step's sizes.
+    model, opt, cb = build()
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
+    batches = iter(DataLoader(data, batch_sampler=sampler))
+    cb.on_train_begin()
+    with pytest.raises(ConfigError, match="on_batch_begin"):
+        one_update(model, opt, *next(batches))          # never began
+    cb.on_batch_begin()
+    one_update(model, opt, *next(batches))
+    cb.on_batch_end()
+    with pytest.raises(ConfigError, match="on_batch_begin"):
+        one_update(model, opt, *next(batches))          # began the previous batch only
+    cb.on_train_end()
+
+
+def test_several_updates_per_batch_and_on_batch_end_before_step_are_kept(data):
+    model, opt, cb = build()
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
+    batches = iter(DataLoader(data, batch_sampler=sampler))
+    cb.on_train_begin()
+    x, y = next(batches)
+    cb.on_batch_begin()
+    for _ in range(3):                                   # e.g. PPO's epochs over one batch
+        one_update(model, opt, x, y)
+    cb.on_batch_end()
+    x, y = next(batches)
+    cb.on_batch_begin()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    cb.on_batch_end()
+    opt.step()                                           # after on_batch_end
+    assert cb.step == 2
+    cb.on_train_end()
+
+
+def test_training_on_a_loader_the_schedule_does_not_follow_is_refused(data):
+    # A validation sampler created first drives the schedule; the training sampler,
+    # read only, hands out sizes that a prefetching loader makes stale.
+    model, opt, cb = build()
+    val_sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=1)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
+    assert val_sampler.train and not sampler.train
+    cb.on_train_begin()
+    with pytest.raises(ConfigError, match="train=False"):
+        for x, y in DataLoader(data, batch_sampler=sampler):
+            cb.on_batch_begin()
+            one_update(model, opt, x, y)
+            cb.on_batch_end()
+    assert cb.step == 1   # at the second step: the first may fetch after on_batch_begin
+    cb.on_train_end()
+
+
+def test_a_loop_that_fetches_after_on_batch_begin_is_kept(data):
+    model, opt, cb = build()
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
+    batches = iter(DataLoader(data, batch_sampler=sampler))
+    cb.on_train_begin()
+    for _ in range(4):
+        cb.on_batch_begin()
+        one_update(model, opt, *next(batches))
+        cb.on_batch_end()
+    cb.on_train_end()
+
+
 def build_with(model, op=None, **options):
     kwargs = {} if op is None else {"op": op}
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),

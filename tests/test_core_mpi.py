@@ -32,8 +32,9 @@ def test_weighted_gradient_equals_single_process_global_batch(op, bpps, workers,
     assert "CORE-OK" in out, out[-3000:]
 
 
-def _balance(policy, speeds="1,2,4", steps=80):
-    out = mpirun(3, os.path.join(HERE, "core_balance.py"), speeds, policy, steps).stdout
+def _balance(policy, speeds="1,2,4", steps=80, initial=None):
+    extra = () if initial is None else (0, initial)   # FIXED_MS 0, INITIAL_SIZES
+    out = mpirun(3, os.path.join(HERE, "core_balance.py"), speeds, policy, steps, *extra).stdout
     line = [l for l in out.splitlines() if l.startswith("BALANCE ")]
     assert line, out[-3000:]
     return json.loads(line[0][len("BALANCE "):])
@@ -71,11 +72,22 @@ def test_ranks_of_one_kind_and_speed_are_held_equal_and_a_faster_one_leaves_them
     assert abs(r["held_sizes"][2] - 35) <= 4, r
 
 
+def test_ranks_the_initial_split_sets_apart_are_never_held_equal():
+    # one kind of CPUs, but the user's split says the ranks differ (and at their
+    # speeds 1:2:4 it is already balanced): no group, the split stays where it is
+    r = _balance("affine", speeds="1,2,4", steps=40, initial="10,20,40")
+    assert all(groups == [] for groups in r["alike"]) and r["ranks_agree"], r
+    for got, want in zip(r["held_sizes"], [10, 20, 40]):
+        assert abs(got - want) <= 3, r
+
+
 @pytest.mark.parametrize("scenario,needle", [
     ("bad-option-one-rank", "adjust_every"),
     ("batch-mismatch", "global_batch_size"),
     ("model-mismatch", "model"),
     ("sampler-seed-mismatch", "samplers"),
+    ("comm-one-rank", "comm= must be of one kind"),
+    ("bad-comm-one-rank", "comm= on rank 2"),
 ])
 def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle):
     # One rank's mistake must surface as a ValueError on all ranks, never as a hang.

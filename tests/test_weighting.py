@@ -13,6 +13,7 @@ from omnihvd.weighting import (
     _optimizer_op,
     allreduce_weight,
     register_gradient_weight,
+    weighted_parameters,
 )
 
 pytestmark = pytest.mark.single
@@ -112,6 +113,34 @@ def test_remove_restores_plain_gradients():
     assert p.grad.tolist() == [4.0, 4.0]
 
 
+def test_an_exclusive_weight_refuses_another_until_it_is_removed():
+    # Two callbacks' hooks on one parameter would multiply its gradient twice.
+    p = torch.ones(2, requires_grad=True)
+    first = register_gradient_weight([p], GradientWeight(0.5), exclusive=True)
+    with pytest.raises(ConfigError, match="on_train_end"):
+        register_gradient_weight([p], GradientWeight(2.0), exclusive=True)
+    first.remove()
+    second = register_gradient_weight([p], GradientWeight(2.0), exclusive=True)
+    (p * 1).sum().backward()
+    assert p.grad.tolist() == [2.0, 2.0]
+    second.remove()
+    register_gradient_weight([p], GradientWeight(3.0), exclusive=True).remove()
+
+
+def test_the_optimizers_parameters_outside_the_model_are_weighted_once():
+    model = torch.nn.Linear(2, 1)
+    temperature = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([{"params": [temperature, model.weight]},
+                           {"params": [model.bias]}], lr=0.1)
+    found = weighted_parameters(model, opt)
+    assert [id(p) for p in found] == [id(temperature), id(model.weight), id(model.bias)]
+    handle = register_gradient_weight(found, GradientWeight(0.5))
+    (model(torch.ones(1, 2)) * temperature).sum().backward()
+    assert temperature.grad.tolist() == [0.5 * float(model(torch.ones(1, 2)))]
+    assert model.bias.grad.tolist() == [0.5]
+    handle.remove()
+
+
 def test_parameters_without_gradient_keep_grad_none():
     used = torch.nn.Parameter(torch.ones(2))
     unused = torch.nn.Parameter(torch.ones(2))
@@ -171,6 +200,17 @@ def test_plain_torch_optimizer_is_rejected_with_the_fix(horovod):
     assert "SGD" in str(err.value) and "hvd.DistributedOptimizer" in str(err.value)
     with pytest.raises(ConfigError, match="Horovod optimizer"):
         _optimizer_op(object())
+
+
+def test_adasum_on_several_ranks_is_rejected_with_the_reason(horovod):
+    # With 2+ ranks Horovod returns its Adasum optimizer class, named after the base
+    # optimizer and without an op attribute: still the Adasum message, not "wrap it".
+    from horovod.torch.optimizer import _DistributedAdasumOptimizer
+
+    cls = type("SGD", (torch.optim.SGD,), dict(_DistributedAdasumOptimizer.__dict__))
+    with pytest.raises(ConfigError, match="Adasum") as err:
+        _optimizer_op(object.__new__(cls))
+    assert "wrap it" not in str(err.value)
 
 
 def test_adasum_is_rejected_with_the_reason(horovod):

@@ -4,7 +4,7 @@ proportional split, and the step time approaches the ideal.
 Rank i's local work per step is a sleep of FIXED + b_i * PER_SAMPLE / speed_i (plus a
 tiny real forward/backward), so the true throughputs are known exactly.
 
-Usage: core_balance.py SPEEDS POLICY STEPS [FIXED_MS]
+Usage: core_balance.py SPEEDS POLICY STEPS [FIXED_MS [INITIAL_SIZES]]
 Prints one line "BALANCE {json}" on rank 0.
 """
 import hashlib
@@ -20,6 +20,7 @@ import omnihvd
 speeds = [float(s) for s in sys.argv[1].split(",")]
 policy, steps = sys.argv[2], int(sys.argv[3])
 fixed = float(sys.argv[4]) / 1000 if len(sys.argv) > 4 else 0.0
+initial = [int(b) for b in sys.argv[5].split(",")] if len(sys.argv) > 5 else None
 PER_SAMPLE = 0.002  # seconds per sample at speed 1
 B = 70
 torch.set_num_threads(1)
@@ -35,7 +36,7 @@ cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=adj
                                policy={"none": "proportional", "tuned": "affine"}.get(policy,
                                                                                       policy),
                                tune_split=policy == "tuned", balance_arrivals=True,
-                               arrival_lead=True)
+                               arrival_lead=True, initial_batch_sizes=initial)
 cb.on_train_begin()
 ends, derivatives = [], []
 for step in range(steps):

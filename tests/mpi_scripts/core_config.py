@@ -1,7 +1,8 @@
 """Bad or inconsistent configuration under mpirun: every rank raises, nobody hangs.
 
 Usage: core_config.py SCENARIO
-  (bad-option-one-rank | batch-mismatch | model-mismatch | sampler-seed-mismatch)
+  (bad-option-one-rank | batch-mismatch | model-mismatch | sampler-seed-mismatch |
+   comm-one-rank | bad-comm-one-rank)
 Each rank prints "RANK r ERROR <type>: <message>" or "RANK r NO ERROR".
 """
 import sys
@@ -23,6 +24,11 @@ if scenario == "bad-option-one-rank" and rank == 1:
     kwargs["adjust_every"] = 0
 if scenario == "batch-mismatch" and rank == 2:
     kwargs["global_batch_size"] = 64
+if scenario == "comm-one-rank" and rank == 1:   # an mpi4py Dup() on one rank alone
+    from mpi4py import MPI
+    kwargs["comm"] = MPI.COMM_WORLD
+if scenario == "bad-comm-one-rank" and rank == 2:
+    kwargs["comm"] = "world"
 try:
     cb = omnihvd.OmniLearnCallback(model, opt, **kwargs)
     seed = 1 if scenario == "sampler-seed-mismatch" and rank == 1 else 0

@@ -7,7 +7,9 @@ on the union of every step's samples and checks, step for step, that the paramet
 are equal: the weighted allreduce is exactly the global-batch gradient. It also
 checks that each epoch handed out every sample exactly once, and that a
 validation loader on the same callback (iterated after every epoch) neither
-disturbs the training schedule nor misses a sample.
+disturbs the training schedule nor misses a sample. The loss also trains a
+temperature that is the optimizer's but not the model's: Horovod allreduces it, so
+it must be weighted like the model's parameters.
 
 Usage: core_train.py OP BPPS NUM_WORKERS [SLOWDOWNS [LOSS [N]]]
   OP: average|sum; BPPS: backward passes per step; SLOWDOWNS: "1,2,4" seconds/sample
@@ -84,7 +86,8 @@ def rank_loss(out, y):
 
 
 def replay_loss(model, parts):
-    """The single-process loss of one (micro-)step over every rank's samples."""
+    """The single-process loss of one (micro-)step over every rank's samples;
+    ``model``: the replay's forward (its network times its temperature)."""
     idx = torch.tensor([i for p in parts for i in p])
     if loss_kind == "sum":
         return torch.nn.functional.mse_loss(model(X[idx]), Y[idx], reduction="sum")
@@ -102,12 +105,19 @@ def make_model():
     return Net()
 
 
+def scaled(net, temperature):
+    """The loop's forward: the network's output times a trained temperature."""
+    return lambda x: net(x) * temperature
+
+
 LR = 0.05 / B if loss_kind == "sum" else 0.05  # a summed loss has B times the gradient
 model = make_model()
-base = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+temperature = torch.nn.Parameter(torch.ones(1))   # the optimizer's, not the model's
+base = torch.optim.SGD([*model.parameters(), temperature], lr=LR, momentum=0.9)
 op = hvd.Average if op_name == "average" else hvd.Sum
-opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=op,
-                               backward_passes_per_step=bpps)
+opt = hvd.DistributedOptimizer(base, named_parameters=[*model.named_parameters(),
+                                                       ("temperature", temperature)],
+                               op=op, backward_passes_per_step=bpps)
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=3,
                                deadband=0.0, min_batch_size=MIN, tune_split=tune_split,
                                loss_reduction="sum" if loss_kind in ("sum", "ce") else "mean")
@@ -132,7 +142,7 @@ for epoch in range(EPOCHS):
         assert len(idx) == cb.batch_sizes_at(cb.step)[rank], (len(idx), cb.batch_sizes_at(cb.step))
         if len(micro) == 0:
             opt.zero_grad()
-        loss = rank_loss(model(x), y)
+        loss = rank_loss(scaled(model, temperature)(x), y)
         loss.backward()
         time.sleep(per_sample * len(idx))
         micro.append(idx.tolist())
@@ -159,7 +169,7 @@ cb.on_train_end()
 all_logs = comm.gather(log, root=0)
 all_epochs = comm.gather(epoch_indices, root=0)
 all_val = comm.gather(val_indices, root=0)
-final = [p.detach().clone() for p in model.parameters()]
+final = [p.detach().clone() for p in [*model.parameters(), temperature]]
 history = cb.history
 if rank == 0:
     # 1. every sample once per epoch
@@ -174,13 +184,16 @@ if rank == 0:
         assert val == list(range(NV)), "validation pass %d: %s" % (e, val)
     # 2. replay in one process on the union of each step's samples
     ref = make_model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+    ref_temperature = torch.nn.Parameter(torch.ones(1))
+    ref_opt = torch.optim.SGD([*ref.parameters(), ref_temperature], lr=LR, momentum=0.9)
     for s in range(len(log)):
         ref_opt.zero_grad()
         for m in range(bpps):
-            replay_loss(ref, [all_logs[r][s][m] for r in range(size)]).backward()
+            replay_loss(scaled(ref, ref_temperature),
+                        [all_logs[r][s][m] for r in range(size)]).backward()
         ref_opt.step()
-    worst = max(float((a - b).abs().max()) for a, b in zip(final, ref.parameters()))
+    worst = max(float((a - b).abs().max())
+                for a, b in zip(final, [*ref.parameters(), ref_temperature]))
     sizes_seen = sorted({tuple(h["new_sizes"]) for h in history})
     print("steps %d, decisions %d, changes %d, sizes %s" % (
         len(log), len(history), cb.adjustments, sizes_seen[:6]))
