@@ -433,12 +433,18 @@ def one_update(model, opt, x, y):
     opt.step()
 
 
-def test_a_step_without_on_batch_begin_is_refused(data):
-    # Its gradients would keep the weights of another step's sizes.
+def started(data):
+    """A fresh model, optimizer and callback, started, and an iterator of its batches."""
     model, opt, cb = build()
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
     batches = iter(DataLoader(data, batch_sampler=sampler))
     cb.on_train_begin()
+    return model, opt, cb, batches
+
+
+def test_a_step_without_on_batch_begin_is_refused(data):
+    # Its gradients would keep the weights of another step's sizes.
+    model, opt, cb, batches = started(data)
     with pytest.raises(ConfigError, match="on_batch_begin"):
         one_update(model, opt, *next(batches))          # never began
     cb.on_batch_begin()
@@ -450,10 +456,7 @@ def test_a_step_without_on_batch_begin_is_refused(data):
 
 
 def test_several_updates_per_batch_and_on_batch_end_before_step_are_kept(data):
-    model, opt, cb = build()
-    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
-    batches = iter(DataLoader(data, batch_sampler=sampler))
-    cb.on_train_begin()
+    model, opt, cb, batches = started(data)
     x, y = next(batches)
     cb.on_batch_begin()
     for _ in range(3):                                   # e.g. PPO's epochs over one batch
@@ -487,10 +490,7 @@ def test_training_on_a_loader_the_schedule_does_not_follow_is_refused(data):
 
 
 def test_a_loop_that_fetches_after_on_batch_begin_is_kept(data):
-    model, opt, cb = build()
-    sampler = omnihvd.HeterogeneousBatchSampler(N, cb, seed=0)
-    batches = iter(DataLoader(data, batch_sampler=sampler))
-    cb.on_train_begin()
+    model, opt, cb, batches = started(data)
     for _ in range(4):
         cb.on_batch_begin()
         one_update(model, opt, *next(batches))
