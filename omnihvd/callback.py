@@ -40,9 +40,11 @@ goes through Horovod's own allgather, which its background thread completes
 before it handles any shutdown; nothing is in flight when the loop ends, whether
 or not it calls :meth:`OmniLearnCallback.on_train_end`.
 """
+import json
 import logging
 import os
 import time
+import zlib
 from typing import Dict, List, Optional
 
 from .alike import size_classes, this_kind
@@ -334,8 +336,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._update_began = None     # perf_counter at the optimizer update's start
         self._step_depth = 0          # nesting of step() calls (see _on_step_entry)
         self._began = None            # (step, perf_counter) of the last on_batch_begin
-        self._begun = False           # on_batch_begin ran since the last opt.step()
         self._begun_step = None       # the step of the last on_batch_begin
+        self._updated = False         # opt.step() ran and on_batch_end has not yet
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
         self._host = host_key()       # whose ranks share this one's clock (omnihvd.lags)
@@ -366,9 +368,13 @@ class OmniLearnCallback(ScheduledSizes):
         fp = self._options.agreed()
         fp.update(average=self._average, backward_passes_per_step=self._backward_passes,
                   model=model_fingerprint(self._model))
-        fp["resume"] = (self.step, self.batch_sizes)
-        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last)
-                          for s in self.schedule.samplers]
+        # the whole resume point: ranks restored from different checkpoints would
+        # otherwise train on different sizes or samples until the next decision
+        fp["resume"] = (self.step, self.batch_sizes, self.schedule.upcoming(),
+                        zlib.crc32(json.dumps(self.controller.state_dict(),
+                                              sort_keys=True).encode()))
+        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last, s.epoch,
+                           s.position()) for s in self.schedule.samplers]
         return fp
 
     def _configure_timer(self):
@@ -406,8 +412,13 @@ class OmniLearnCallback(ScheduledSizes):
         the time of each ``next()`` is added to the local time of the step it feeds,
         so a rank with slow storage or few loader workers gets fewer samples. The
         first ``next()`` of each epoch (worker start-up) is not counted, nor is
-        anything between steps that is not a ``next()``.
+        anything between steps that is not a ``next()``. Wrap the training loader
+        only: a loader on one of this callback's evaluation samplers (``train=False``)
+        comes back as it is, since its batches are no training step's work.
         """
+        sampler = getattr(loader, "batch_sampler", None)
+        if sampler in self.schedule.samplers and not sampler.train:
+            return loader
         return TimedIterable(loader, self._timer.add, restart=self._timer.discard_extra)
 
     # --------------------------------------------------------------- hooks
@@ -451,9 +462,15 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
+        if self._pending is not None:
+            # a gather of this step posted at opt.step(), then the loop left the batch
+            # before on_batch_end (a break): it ran on every rank, so settle and drop it
+            # here before the step runs again and posts its own
+            self._pending.wait()
+            self._pending = None
         self._check_training_sampler()
         sizes = self.schedule.batch_sizes_at(self.step)
-        self._begun, self._begun_step = True, self.step
+        self._begun_step, self._updated = self.step, False
         if self.cadence.tuner is not None:   # the step period, for tune_split only
             if self._began is not None and self._began[0] == self.step - 1:
                 self.cadence.record_period(t0 - self._began[1])  # before a new window opens
@@ -484,7 +501,8 @@ class OmniLearnCallback(ScheduledSizes):
                 "step %d runs on batches the training sampler did not hand out (it handed out "
                 "steps up to %d): the training sampler is the HeterogeneousBatchSampler created "
                 "with train=True, by default the first one created on this callback; create "
-                "validation samplers after it, or with train=False"
+                "validation samplers after it, or with train=False; create the training sampler "
+                "once (sampler.set_epoch(epoch) each epoch), not once per epoch"
                 % (self.step, self.schedule.issued_upto))
 
     def check_batch(self, batch):
@@ -566,16 +584,6 @@ class OmniLearnCallback(ScheduledSizes):
         # (dearer on a slow or shared CPU), timed to its exit and charged to the next
         # step like data loading.
         self._step_depth += 1
-        if self._step_depth == 1:
-            # A step with no on_batch_begin of its own: since the last opt.step() none ran
-            # and the loop has moved on to another batch (several updates on one batch,
-            # or on_batch_end before opt.step(), keep the weights of their batch).
-            if not self._begun and self._begun_step != self.step:
-                raise ConfigError(
-                    "opt.step() ran without cb.on_batch_begin() for this batch (rank %d, step "
-                    "%d): its gradients did not get their batch-size weights; call "
-                    "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
-            self._begun = False
         if self._step_depth == 2 and self._recorded and not self._timer.running:
             self._update_began = time.perf_counter()
             self._released(self._update_began)
@@ -597,6 +605,8 @@ class OmniLearnCallback(ScheduledSizes):
             self._timer.add(time.perf_counter() - self._update_began)
             self._update_began = None
         self._step_depth = max(0, self._step_depth - 1)
+        if self._step_depth == 0 and self._begun_step == self.step:
+            self._updated = True   # the model moved; on_batch_end has not counted the step
 
     def _wait_boundary(self):
         # The step's own work is done; next this rank waits for its peers. Later calls
@@ -656,7 +666,17 @@ class OmniLearnCallback(ScheduledSizes):
             self._pending = PendingGather(lambda: done)
 
     def on_batch_end(self, batch=None, logs=None):
-        """Record the step's local time; complete the gather, decide and schedule when due."""
+        """Record the step's local time; complete the gather, decide and schedule when due.
+
+        Raises:
+            ConfigError: no ``on_batch_begin()`` for this batch (its gradients did not
+                get their batch-size weights).
+        """
+        if self._begun_step != self.step:
+            raise ConfigError(
+                "cb.on_batch_end() without cb.on_batch_begin() for this batch (rank %d, step "
+                "%d): its gradients did not get their batch-size weights; call "
+                "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
         t0 = time.perf_counter()
         self._end_local_time()  # no wait boundary this step (no opt.step() call)
         if self.cadence.gathers_at(self.step) and self._pending is None:
@@ -666,6 +686,7 @@ class OmniLearnCallback(ScheduledSizes):
             self._decide(pending.wait())
             self._refresh_quota()  # a re-quota mid-run counts from the next window on
         self.schedule.advance()
+        self._updated = False
         self.overhead_seconds += time.perf_counter() - t0
 
     def on_epoch_end(self, epoch, logs=None):
@@ -799,7 +820,19 @@ class OmniLearnCallback(ScheduledSizes):
 
     # --------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict:
-        """Batch sizes, time-model history and step, for the user's checkpoint."""
+        """Batch sizes, time-model history and step, for the user's checkpoint: take it
+        after ``on_batch_end()`` (or between epochs).
+
+        Raises:
+            ConfigError: called between ``opt.step()`` and ``on_batch_end()``: the
+                model holds the step's update but the step is not counted yet, so a
+                resume would run it again.
+        """
+        if self._updated:
+            raise ConfigError("state_dict() between opt.step() and cb.on_batch_end() (step %d): "
+                              "the model has this step's update but the step is not counted, "
+                              "so a resume would repeat it; checkpoint after cb.on_batch_end()"
+                              % self.step)
         return {"version": 1, "global_batch_size": self.global_batch_size,
                 "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
                 "batch_sizes": self.batch_sizes, "changes": self.schedule.upcoming(),

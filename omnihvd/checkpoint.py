@@ -72,6 +72,9 @@ def checked_state(state) -> CallbackState:
     if any(sum(v) != B for _, v in changes):
         raise _bad("a scheduled split in changes does not sum to global_batch_size %d: %r"
                    % (B, changes))
+    firsts = [s for s, _ in changes]
+    if firsts != sorted(set(firsts)):   # applied in order (those up to step: ignored)
+        raise _bad("changes must be in increasing order of their steps, got steps %r" % firsts)
     caps = state.get("max_batch_size")
     if caps is not None:
         caps = _split("max_batch_size", caps, n)

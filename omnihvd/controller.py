@@ -1118,6 +1118,9 @@ class Controller:
         if sizes.shape[1] != self.num_ranks:
             raise ConfigError("Controller state has a history of %d ranks, this controller has "
                               "%d" % (sizes.shape[1], self.num_ranks))
+        if np.any(sizes < 1) or not np.all(np.isfinite(times)) or np.any(times <= 0):
+            raise ConfigError("Controller state history must hold sizes >= 1 and finite positive "
+                              "times (a hand-edited or corrupted checkpoint?)")
         # The alike groups (absent in older checkpoints: compared afresh).
         alike = AlikeGroups()
         try:

@@ -240,6 +240,12 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                               "wrap it: model = DistributedDataParallel(net) (with "
                               "device_ids=[local_rank] on GPUs)" % type(model).__name__)
         hooks = getattr(model, "_comm_hooks", None)
+        if hooks and any(h is weighted_allreduce_hook for h, _ in hooks):
+            raise ConfigError("this DDP model already carries the hook of an earlier "
+                              "DDPOmniLearnCallback, and DDP keeps one communication hook per "
+                              "model for good: keep using that callback (on_train_end() then "
+                              "on_train_begin() starts it again), or wrap the network in a new "
+                              "DistributedDataParallel")
         if hooks:
             raise ConfigError("the DDP model already has a communication hook (%s); DDP allows one "
                               "and omnihvd's applies the batch-size weights: register none of "

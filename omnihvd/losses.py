@@ -91,5 +91,7 @@ def check_batch_length(batch, batch_size: int, rank: int, step: int):
         raise ConfigError(
             "rank %d got a batch of %d samples at step %d, but its batch size for that step is %d "
             "(cb.batch_size): build the loader as DataLoader(dataset, batch_sampler="
-            "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, and keep "
-            "every sample the sampler hands out" % (rank, got, step, batch_size))
+            "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, keep "
+            "every sample the sampler hands out, and call cb.on_batch_begin() and "
+            "cb.on_batch_end() around every batch the loader yields (none skipped, every "
+            "micro-batch)" % (rank, got, step, batch_size))

@@ -24,8 +24,9 @@ Last partial global batch (``N mod B`` samples left over):
 The sizes come from a *schedule*, any object of the protocol
 :class:`omnihvd.schedule.BatchSchedule` (``rank``, ``num_ranks``,
 ``global_batch_size``, ``current_step`` and ``issue(step, total)``; optionally
-``can_split(total) -> bool``, whether a partial step of ``total`` fits the bounds, and
-``register_sampler(sampler, train) -> bool``): the :class:`~omnihvd.OmniLearnCallback`,
+``can_split(total) -> bool``, whether a partial step of ``total`` fits the bounds,
+``register_sampler(sampler, train) -> bool`` and ``restart_pass()``, called at the
+start of each training pass): the :class:`~omnihvd.OmniLearnCallback`,
 or :class:`StaticSchedule`, a fixed one for tests and for static
 heterogeneity-aware sizing without a callback.
 
@@ -151,6 +152,9 @@ class HeterogeneousBatchSampler(Sampler):
         base = self.schedule.current_step - start
         if self.train:
             self._epoch_base = base
+            restart = getattr(self.schedule, "restart_pass", None)
+            if restart is not None:   # a pass left early handed out steps never run
+                restart()
         for j in range(start, self.steps_per_epoch):
             total = B if j < full_steps else self._partial()
             if self.train:
@@ -193,10 +197,13 @@ class HeterogeneousBatchSampler(Sampler):
         step, epoch = state.get("step_in_epoch"), state.get("epoch")
         for key, value in (("step_in_epoch", step), ("epoch", epoch)):
             check_int(key, value, 0, where="not a HeterogeneousBatchSampler state_dict: ")
-        if not 0 <= step <= self.steps_per_epoch:
+        # an epoch's partial step may be kept on one rank count and dropped on another:
+        # a checkpoint past the steps this run has means the epoch was done
+        most = -(-self.num_samples // self.global_batch_size)
+        if not 0 <= step <= most:
             raise ConfigError("sampler checkpoint position %d is outside the epoch (0..%d)"
-                              % (step, self.steps_per_epoch))
+                              % (step, most))
         self.epoch = epoch
-        self._resume_step = step
+        self._resume_step = min(step, self.steps_per_epoch)
         self._epoch_base = None
 

@@ -30,7 +30,9 @@ class BatchSchedule(Protocol):
     partial step of ``total`` fits the bounds) and ``register_sampler(sampler, train)
     -> bool``, which samplers call once so that their settings join the cross-rank
     check; it says whether the sampler drives the schedule (training) or only reads
-    it (evaluation: ``issue(step, total, record=False)``).
+    it (evaluation: ``issue(step, total, record=False)``); and ``restart_pass()``,
+    which a training sampler calls as each pass over its data begins (steps an
+    earlier pass handed out but the loop never ran are void).
     """
 
     rank: int
@@ -105,7 +107,7 @@ class SizeSchedule:
         """Sizes of global step ``step`` holding ``total`` samples (the sampler's call);
         None for a partial step no split fits. ``record=False`` (an evaluation
         sampler) leaves the schedule untouched."""
-        sizes = self.batch_sizes_at(step)
+        sizes = self.split_at(step)
         if total != self.global_batch_size:  # the last, partial step of an epoch
             sizes = self._partial(sizes, total)
             if sizes is None:
@@ -115,6 +117,12 @@ class SizeSchedule:
             self._issued_upto = max(self._issued_upto, step)
             self._max_lookahead = max(self._max_lookahead, step - self.step)
         return list(sizes)
+
+    def restart(self):
+        """A training sampler starts a new pass: steps handed out by an earlier pass
+        but never run (a loop that broke out of its epoch) are void."""
+        self._issued = {s: v for s, v in self._issued.items() if s < self.step}
+        self._issued_upto = self.step - 1
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Samplers register once; their settings join the cross-rank check.
@@ -239,6 +247,10 @@ class ScheduledSizes:
     def can_split(self, total: int) -> bool:
         """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
         return self.schedule.can_split(total)
+
+    def restart_pass(self):
+        """Called by the training sampler at the start of each pass over its data."""
+        self.schedule.restart()
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,

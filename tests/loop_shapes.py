@@ -6,6 +6,10 @@ Shapes the loop knows (each script documents the ones it runs):
   break      every rank breaks out of the epoch at the same step
   slow_end   rank 0 spends 0.2 s between opt.step() and cb.on_batch_end() in the
              last step (logging, metrics, a checkpoint)
+  break_mid  every rank breaks out of the first epoch between opt.step() and
+             cb.on_batch_end() of its 10th step (a max-steps check placed after the
+             step; a gather is in flight there when adjust_every is 10), then runs
+             a second epoch
   any other  the plain loop
 """
 import time
@@ -29,7 +33,7 @@ def dataset(global_batch_size, steps):
 def train(cb, sampler, loader, model, opt, *, shape, steps, rank, before_step=None):
     """One epoch of the drop-in loop; ``before_step(samples)`` runs before opt.step()."""
     cb.on_train_begin()
-    for epoch in range(1):
+    for epoch in range(2 if shape == "break_mid" else 1):
         sampler.set_epoch(epoch)
         cb.on_epoch_begin(epoch)
         for i, (x, y) in enumerate(loader):
@@ -41,6 +45,8 @@ def train(cb, sampler, loader, model, opt, *, shape, steps, rank, before_step=No
             if before_step is not None:
                 before_step(len(x))
             opt.step()
+            if shape == "break_mid" and epoch == 0 and i == 9:
+                break
             if shape == "slow_end" and rank == 0 and i == steps - 1:
                 time.sleep(0.2)
             cb.on_batch_end()

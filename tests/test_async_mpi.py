@@ -27,6 +27,13 @@ def test_two_servers_shard_the_parameters():
     assert "ASYNC-OK updates=34 " in out, out  # workers push 12 and 22 times
 
 
+def test_a_worker_that_never_trains_still_lets_the_job_end():
+    # it leaves `with cb:` without on_train_begin: the servers must not wait for it
+    # (idle_timeout is 120 s, past this test's limit), and it gets the final model
+    out = mpirun(4, EXACT, 2, "--speeds", "1,2", "--idle", "1", timeout=100).stdout
+    assert "ASYNC-OK updates=12 " in out, out
+
+
 @pytest.mark.parametrize("mode,expect", [
     # the one abort line of omnihvd.faults.fail_job, as in the synchronous mode
     ("raise", ["omnihvd: rank 2 (worker 1) raised RuntimeError: injected failure in worker 1; "

@@ -102,6 +102,10 @@ CASES = [
      ConfigError, "changes", "[3]"),
     ("cb-state-garbage-changes", lambda: callback().load_state_dict(state(changes="xx")),
      ConfigError, "changes", "'xx'"),
+    # changes are applied in order: a hand-edited file out of order would apply its
+    # splits at other steps than saved
+    ("cb-state-unsorted-changes", lambda: callback().load_state_dict(
+        state(changes=[(9, [B]), (5, [B])])), ConfigError, "changes", "[9, 5]"),
     ("cb-state-garbage-controller", lambda: callback().load_state_dict(
         state(controller={"sizes": "x", "times": 5})), ConfigError, "history", "'x'"),
     ("cb-state-wrong-width-history", lambda: callback().load_state_dict(

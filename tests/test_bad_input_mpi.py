@@ -51,3 +51,13 @@ def test_ranks_resumed_from_different_checkpoints_all_raise(multi_rank):
     for _, kind, message in errors:
         assert kind == RankMismatchError.__name__, message
         assert "resume" in message and "rank 0 has (10," in message and "rank 2 has (12," in message
+
+
+def test_ranks_resumed_with_different_schedules_or_histories_all_raise_at_once(multi_rank):
+    # one step, one split, but rank 1 restored another scheduled change and rank 2
+    # another measured history: caught at on_train_begin, not steps later
+    errors = re.findall(r"RANK (\d) CHANGES-ERROR (\w+): (.*?)(?=RANK \d|\n|$)", multi_rank)
+    assert sorted(r for r, _, _ in errors) == ["0", "1", "2"], multi_rank[-3000:]
+    for _, kind, message in errors:
+        assert kind == RankMismatchError.__name__ and "resume" in message, message
+        assert "[(12, [10, 7, 7])]" in message and "[(12, [9, 8, 7])]" in message, message

@@ -442,16 +442,20 @@ def started(data):
     return model, opt, cb, batches
 
 
-def test_a_step_without_on_batch_begin_is_refused(data):
-    # Its gradients would keep the weights of another step's sizes.
+def test_a_batch_without_on_batch_begin_is_refused_at_its_end(data):
+    # Its gradients kept the weights of another step's sizes. (Not at opt.step():
+    # hvd.broadcast_optimizer_state calls the base optimizer's step() itself.)
     model, opt, cb, batches = started(data)
+    one_update(model, opt, *next(batches))               # never began
     with pytest.raises(ConfigError, match="on_batch_begin"):
-        one_update(model, opt, *next(batches))          # never began
+        cb.on_batch_end()
     cb.on_batch_begin()
     one_update(model, opt, *next(batches))
     cb.on_batch_end()
+    one_update(model, opt, *next(batches))               # began the previous batch only
     with pytest.raises(ConfigError, match="on_batch_begin"):
-        one_update(model, opt, *next(batches))          # began the previous batch only
+        cb.on_batch_end()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)      # its own step() is no batch
     cb.on_train_end()
 
 
@@ -487,6 +491,62 @@ def test_training_on_a_loader_the_schedule_does_not_follow_is_refused(data):
             cb.on_batch_end()
     assert cb.step == 1   # at the second step: the first may fetch after on_batch_begin
     cb.on_train_end()
+
+
+def test_a_pass_left_early_leaves_no_stale_sizes_for_the_next_epoch():
+    # Breaking on the epoch's short last batch ("skip the partial batch") left its
+    # sizes handed out but never run; the next epoch's step of the same index then
+    # took them: 2 samples instead of B.
+    n = 4 * B + 2
+    dataset = TensorDataset(torch.arange(n), torch.randn(n, 4, dtype=torch.float64),
+                            torch.randn(n, 1, dtype=torch.float64))
+    model, opt, cb = build()
+    sampler = omnihvd.HeterogeneousBatchSampler(n, cb, seed=0, drop_last=False)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    cb.on_train_begin()
+    seen = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for idx, x, y in loader:
+            if epoch == 0 and len(idx) < cb.batch_size:
+                break
+            cb.on_batch_begin(batch=(idx, x, y))
+            one_update(model, opt, x, y)
+            cb.on_batch_end()
+            seen.append((epoch, len(idx)))
+    cb.on_train_end()
+    assert [size for e, size in seen if e == 0] == [B] * 4
+    assert [size for e, size in seen if e == 1] == [B] * 4 + [2]
+
+
+def test_a_checkpoint_between_step_and_on_batch_end_is_refused(data):
+    # The model holds the step's update but the step is not counted: a resume from
+    # that state would run the step again.
+    model, opt, cb, batches = started(data)
+    cb.on_batch_begin()
+    one_update(model, opt, *next(batches))
+    with pytest.raises(ConfigError, match="after cb.on_batch_end"):
+        cb.state_dict()
+    cb.on_batch_end()
+    assert cb.state_dict()["step"] == 1
+    cb.on_batch_begin()                      # on_batch_end before opt.step(): counted
+    x, y = next(batches)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    cb.on_batch_end()
+    opt.step()
+    assert cb.state_dict()["step"] == 2
+    cb.on_train_end()
+
+
+def test_wrap_times_the_training_loader_and_leaves_an_evaluation_loader_as_it_is(data):
+    # An evaluation loader's next() between training steps is no step's work.
+    model, opt, cb = build()
+    train_loader = DataLoader(data, batch_sampler=omnihvd.HeterogeneousBatchSampler(N, cb))
+    val_loader = DataLoader(data, batch_sampler=omnihvd.HeterogeneousBatchSampler(N, cb))
+    assert cb.wrap(val_loader) is val_loader
+    assert cb.wrap(train_loader) is not train_loader
+    assert len(list(cb.wrap(train_loader))) == len(train_loader)
 
 
 def test_a_loop_that_fetches_after_on_batch_begin_is_kept(data):

@@ -526,6 +526,13 @@ def test_controller_state_dict_round_trip():
     with pytest.raises(ConfigError, match="history of 3 ranks"):
         other.load_state_dict(ctl.state_dict())
     assert other.model() is None
+    # sizes below 1, or times not finite and positive, are refused at the load, not
+    # at the first decision after the resume
+    for key, row in (("sizes", [-5, 300, 5]), ("times", [float("nan"), -1.0, 0.0])):
+        bad = ctl.state_dict()
+        bad[key] = bad[key][:-1] + [row]
+        with pytest.raises(ConfigError, match="finite positive"):
+            Controller(3, 300).load_state_dict(bad)
     ctl.forget()
     assert ctl.model() is None
 

@@ -14,7 +14,7 @@ from mpirun import mpirun
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_scripts")
 pytestmark = pytest.mark.mpi
 
-SHAPES = ["no_train_end", "train_end", "break", "late_last", "slow_end", "blocking"]
+SHAPES = ["no_train_end", "train_end", "break", "late_last", "slow_end", "blocking", "break_mid"]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -26,7 +26,7 @@ def test_loop_ends_cleanly_on_every_rank(shape):
     assert proc.returncode == 0, "exit %d:\n%s" % (proc.returncode, out[-4000:])
     done = [l for l in out.splitlines() if "LOOP-END-OK" in l]
     assert len(done) == 3, out[-4000:]
-    want_steps = 31 if shape == "break" else 60
+    want_steps = {"break": 31, "break_mid": 9 + 60}.get(shape, 60)
     assert all(" steps %d " % want_steps in l for l in done), done
     # every rank ends with the same split (the same decisions, in the same order)
     assert len({l.split(" sizes ")[1] for l in done}) == 1, done

@@ -344,6 +344,21 @@ def test_state_before_iterating_and_after_the_epoch():
     assert len(run_epoch(fresh, 1)) == 6
 
 
+def test_a_finished_epoch_resumes_as_finished_where_its_partial_step_no_longer_fits():
+    # 33 samples in steps of 5: two ranks keep the partial step of 3 (7 steps), five
+    # ranks cannot split it (6): the epoch done on two is done on five
+    two = world(33, lambda r: StaticSchedule([2, 3], r), 2, drop_last=False)
+    run_epoch(two, 0)
+    state = two[0].state_dict()
+    assert state["step_in_epoch"] == 7
+    five = world(33, lambda r: StaticSchedule([1, 1, 1, 1, 1], r), 5, drop_last=False)
+    for s in five:
+        s.load_state_dict(state)
+        s.set_epoch(0)
+    assert len(five[0]) == 0 and run_epoch(five) == []
+    assert len(run_epoch(five, 1)) == 6
+
+
 def test_state_is_a_plain_round_trippable_dict():
     s = HeterogeneousBatchSampler(30, StaticSchedule([5]), seed=9)
     s.set_epoch(3)

@@ -109,13 +109,16 @@ class AsyncOmniLearnCallback:
         dtypes = sorted({str(p.dtype) for p in self._params})
         self.layout = layout_fingerprint([tuple(p.shape) for p in self._params], "float32")
         self.numel = int(sum(p.numel() for p in self._params))
+        if hasattr(initial_batch_sizes, "tolist"):   # a numpy array or a tensor
+            initial_batch_sizes = initial_batch_sizes.tolist()
         options = dict(global_batch_size=global_batch_size, lr=lr, num_servers=num_servers,
                        balance=balance, initial_batch_sizes=initial_batch_sizes,
                        min_batch_size=min_batch_size, max_batch_size=max_batch_size,
                        deadband=deadband, gain=gain, adjust_every=adjust_every, policy=policy,
                        settle_steps=settle_steps, timing=timing, history=history,
                        momentum=momentum, weight_decay=weight_decay, staleness_lr=staleness_lr,
-                       model_layout=self.layout, model_numel=self.numel, model_dtypes=dtypes)
+                       idle_timeout=idle_timeout, model_layout=self.layout,
+                       model_numel=self.numel, model_dtypes=dtypes)
         self._check_agreement(options)
         # From here on every rank holds the same options, so it reaches the same verdict.
         check_int("num_servers", num_servers, 1, "at least one of the %d ranks must be a "
@@ -125,6 +128,9 @@ class AsyncOmniLearnCallback:
                               "has %s (call model.float())" % dtypes)
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             check_number(name, value, 0)
+        if idle_timeout is not None and check_number("idle_timeout", idle_timeout, 0) == 0:
+            raise ConfigError("idle_timeout must be None or a number of seconds > 0, got %r"
+                              % (idle_timeout,))
         self.num_servers = num_servers
         self.servers = list(range(num_servers))
         self.workers = list(range(num_servers, self.size))
@@ -173,6 +179,10 @@ class AsyncOmniLearnCallback:
     # ------------------------------------------------------------ helpers
 
     def _check_agreement(self, options):
+        # NaN is not equal to itself: compared as text, so that a NaN on every rank is
+        # reported as the bad value it is (checked after the agreement)
+        options = {k: "nan" if isinstance(v, float) and v != v else v
+                   for k, v in options.items()}
         everyone = self.comm.allgather(options)
         for rank, theirs in enumerate(everyone):
             for key in options:
@@ -270,7 +280,8 @@ class AsyncOmniLearnCallback:
             if not self._begun:
                 raise ConfigError("on_batch_end() before on_train_begin() on rank %d" % self.rank)
             used = check_int("logs['size']", (logs or {}).get("size", self.batch_size), 1,
-                             "the samples of this batch", where="rank %d: " % self.rank)
+                             "the samples of this batch", where="rank %d: " % self.rank,
+                             maximum=self.global_batch_size)
             flat, size = self._client.push(self._flat_grads(), used)
             self._load(flat)
             self.history.append({"step": self.step, "batch_size": used, "next_batch_size": size,
@@ -303,6 +314,7 @@ class AsyncOmniLearnCallback:
     def __exit__(self, exc_type, exc, tb):
         if exc is not None and self.abort_on_exception and isinstance(exc, Exception):
             fail_job(self.rank, exc, role=self.role, comm=self.comm)
-        if exc is None and self.is_worker and self._begun and not self._ended:
+        # a worker that never trained still says it is done, or the servers wait for it
+        if exc is None and self.is_worker and not self._ended:
             self.on_train_end()
         return False

@@ -30,6 +30,8 @@ def main():
     p.add_argument("num_servers", type=int)
     p.add_argument("--balance", action="store_true")
     p.add_argument("--speeds", default="1,1,3")
+    p.add_argument("--idle", type=int, default=-1,
+                   help="this worker enters and leaves `with cb:` without training")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -60,6 +62,8 @@ def main():
             result = {"report": {k: v for k, v in report.items() if k != "log"},
                       "shard": cb._core.params.copy(), "per_worker": {
                           w: log["worker"].count(w) for w in cb.workers}}
+        elif cb.worker_index == args.idle:
+            result = None   # leaving `with cb:` tells the servers it is done
         else:
             w = cb.worker_index
             steps = 12 + 10 * w  # workers finish at different times
@@ -78,6 +82,9 @@ def main():
             final = torch.cat([q.detach().reshape(-1) for q in model.parameters()]).numpy()
             result = {"pushes": steps, "final": final.copy(), "sizes": [h["batch_size"] for h in cb.history]}
 
+    if result is None:
+        final = torch.cat([q.detach().reshape(-1) for q in model.parameters()]).numpy()
+        result = {"pushes": 0, "final": final.copy(), "sizes": []}
     everything = world.gather(result, root=0)
     if rank == 0:
         servers = everything[:cb.num_servers]

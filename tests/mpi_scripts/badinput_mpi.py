@@ -85,19 +85,26 @@ def run(timing, steps):
     return cb.history
 
 
-def mismatched_checkpoints():
+def mismatched_checkpoints(what):
+    """``what``: "step" (each rank another step) or "changes" (one step, but rank 1
+    has another scheduled split and rank 2 another measured history)."""
     rank = hvd.rank()
     model = torch.nn.Linear(6, 1)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                    named_parameters=model.named_parameters())
     cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B)
-    cb.load_state_dict({"global_batch_size": B, "num_ranks": 3, "step": 10 + rank,
-                        "batch_sizes": [8, 8, 8]})
+    state = {"global_batch_size": B, "num_ranks": 3, "step": 10 + rank, "batch_sizes": [8, 8, 8]}
+    if what == "changes":
+        slower = 0.1 * (rank == 2)
+        state.update(step=10, changes=[(12, [10, 7, 7] if rank == 1 else [9, 8, 7])],
+                     controller={"sizes": [[8, 8, 8]], "times": [[0.1, 0.1, 0.1 + slower]]})
+    cb.load_state_dict(state)
+    tag = "ERROR" if what == "step" else "CHANGES-ERROR"
     try:
         cb.on_train_begin()
-        line = "RANK %d NO ERROR\n" % rank
+        line = "RANK %d NO %s\n" % (rank, tag)
     except ValueError as exc:
-        line = "RANK %d ERROR %s: %s\n" % (rank, type(exc).__name__, exc)
+        line = "RANK %d %s %s: %s\n" % (rank, tag, type(exc).__name__, exc)
     sys.stdout.write(line)  # one write: print() writes the text and its newline apart
     sys.stdout.flush()
 
@@ -109,7 +116,8 @@ def main():
                  "mean": run("mean", ADJUST)}          # the first decision only
     if hvd.rank() == 0:
         print("TIMING " + json.dumps(histories), flush=True)
-    mismatched_checkpoints()
+    mismatched_checkpoints("step")
+    mismatched_checkpoints("changes")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ Usage: loop_end.py SHAPE STEPS ADJUST_EVERY
          late_last      the last rank does extra work after its last step
          slow_end       rank 0 spends 0.2 s between opt.step() and cb.on_batch_end()
                         in the last step (logging, metrics, a checkpoint)
+         break_mid      breaks between opt.step() and cb.on_batch_end() of step 10
+                        (a gather in flight), then runs a second epoch
          blocking       no_train_end with nonblocking=False
 """
 import os
