@@ -192,7 +192,7 @@ if rank == 0:
             replay_loss(scaled(ref, ref_temperature),
                         [all_logs[r][s][m] for r in range(size)]).backward()
         ref_opt.step()
-    worst = max(float((a - b).abs().max())
+    worst = max(float((a - b.detach()).abs().max())
                 for a, b in zip(final, [*ref.parameters(), ref_temperature]))
     sizes_seen = sorted({tuple(h["new_sizes"]) for h in history})
     print("steps %d, decisions %d, changes %d, sizes %s" % (
