@@ -462,12 +462,9 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
-        if self._pending is not None:
-            # a gather of this step posted at opt.step(), then the loop left the batch
-            # before on_batch_end (a break): it ran on every rank, so settle and drop it
-            # here before the step runs again and posts its own
-            self._pending.wait()
-            self._pending = None
+        # a gather posted at opt.step() whose on_batch_end never came (a break): it ran
+        # on every rank; settle it before this step runs again and posts its own
+        self._drop_pending()
         self._check_training_sampler()
         sizes = self.schedule.batch_sizes_at(self.step)
         self._begun_step, self._updated = self.step, False
@@ -694,12 +691,16 @@ class OmniLearnCallback(ScheduledSizes):
 
     def on_train_end(self, logs=None):
         """Finish any in-flight gather and remove the hooks."""
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        self._drop_pending()
         self._detach()
 
     close = on_train_end
+
+    def _drop_pending(self):
+        """Complete an in-flight gather without deciding on it."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
 
     def _detach(self):
         for h in self._hooks:

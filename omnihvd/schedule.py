@@ -72,6 +72,7 @@ class SizeSchedule:
         self.rank, self.num_ranks, self.global_batch_size = rank, num_ranks, global_batch_size
         self._partial = partial or apportion
         self.samplers: List = []
+        self.driven = False   # a training sampler (train=True) hands out the steps
         self.restore(step, [(step, list(sizes))])
 
     def restore(self, step: int, changes: List[Tuple[int, List[int]]]):
@@ -133,23 +134,18 @@ class SizeSchedule:
         Raises:
             ConfigError: a second sampler asks for ``train=True``.
         """
-        driving = any(getattr(s, "train", False) for s in self.samplers)
         if train is None:
-            train = not driving
-        elif train and driving:
+            train = not self.driven
+        elif train and self.driven:
             raise ConfigError("a training sampler (train=True) is already registered with this "
                               "callback; create evaluation samplers with train=False")
         self.samplers.append(sampler)
+        self.driven = self.driven or bool(train)
         return bool(train)
 
     def can_split(self, total: int) -> bool:
         """Whether a partial step of ``total`` samples fits the bounds now."""
         return self._partial(self.batch_sizes_at(self.step), total) is not None
-
-    @property
-    def driven(self) -> bool:
-        """Whether a training sampler (``train=True``) hands out this schedule's steps."""
-        return any(getattr(s, "train", False) for s in self.samplers)
 
     @property
     def issued_upto(self) -> int:
