@@ -25,21 +25,52 @@ def callback_options(args) -> dict:
     return options
 
 
+def positive(kind):
+    """An argparse type: one value of ``kind`` (int or float) > 0."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError("expected a positive %s, got %r"
+                                             % (kind.__name__, text))
+        return value
+    return parse
+
+
+def positive_list(kind):
+    """An argparse type: comma-separated values of ``kind`` > 0 (``128,64,64``)."""
+    one = positive(kind)
+    return lambda text: [one(v) for v in text.split(",")]
+
+
+def writable_path(text):
+    """An argparse type: a file path whose folder exists (checked before training)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError("the folder %r does not exist" % folder)
+    return text
+
+
 def parse_args(description):
     """Parse and check the examples' options (``--mode``, ``--split``, ``--steps``, ...)."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--global-batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--epochs", type=positive(int), default=1)
+    p.add_argument("--global-batch-size", type=positive(int), default=256)
+    p.add_argument("--lr", type=positive(float), default=0.05)
+    p.add_argument("--limit", type=positive(int), default=None,
+                   help="use only the first N training images")
+    p.add_argument("--steps", type=positive(int), default=None,
                    help="epochs of this many steps (the first steps*global-batch-size images)")
     p.add_argument("--mode", choices=MODES, default="omnihvd")
-    p.add_argument("--split", default=None, help="--mode fixed: per-rank sizes, e.g. 128,64,64")
-    p.add_argument("--start-split", default=None,
+    p.add_argument("--split", type=positive_list(int), default=None,
+                   help="--mode fixed: per-rank sizes, e.g. 128,64,64")
+    p.add_argument("--start-split", type=positive_list(int), default=None,
                    help="--mode omnihvd or tuned: start from these sizes, not the equal split")
-    p.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,1,2,4")
-    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--slowdown", type=positive_list(float), default=None,
+                   help="per-rank slowdown factors, e.g. 1,1,2,4")
+    p.add_argument("--checkpoint", type=writable_path, default=None)
     args = p.parse_args()
     if args.steps is not None:
         args.limit = args.steps * args.global_batch_size
@@ -48,10 +79,8 @@ def parse_args(description):
     if args.start_split is not None and args.mode not in ("omnihvd", "tuned"):
         p.error("--start-split goes with --mode omnihvd or tuned (--mode fixed takes --split)")
     if args.checkpoint and args.mode == "plain":
-        p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd or fixed) to resume "
-                "mid-training")
-    args.split, args.start_split = (None if text is None else [int(v) for v in text.split(",")]
-                                    for text in (args.split, args.start_split))
+        p.error("--checkpoint needs omnihvd's sampler (--mode omnihvd, tuned or fixed) to "
+                "resume mid-training")
     return args
 
 
@@ -76,12 +105,13 @@ def resume(path, net, opt, cb, sampler, map_location=None) -> int:
     opt.load_state_dict(state["optimizer"])
     cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
     sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
-    return state["sampler"]["epoch"]
+    done = len(sampler) == 0                        # saved at the epoch's end
+    return state["sampler"]["epoch"] + (1 if done else 0)
 
 
 def slowdown(args, rank) -> float:
     """This rank's ``--slowdown`` factor (1.0: none)."""
-    factors = [float(s) for s in args.slowdown.split(",")] if args.slowdown else None
+    factors = args.slowdown
     return factors[rank % len(factors)] if factors else 1.0
 
 

@@ -18,10 +18,13 @@ Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
 --start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
 equal split (the callback's initial_batch_sizes).
 
---slowdown makes rank i's local work per step about that many times slower: it
-sleeps after the forward pass, before backward (DDP waits for the other ranks inside
-backward, so a sleep after it would not count as this rank's work), for
-``(factor - 1) * 3 *`` the forward time (backward costs about twice the forward).
+--slowdown makes rank i's local work per step slower: it sleeps after the forward
+pass, before backward (DDP waits for the other ranks inside backward, so a sleep
+after it would not count as this rank's work), for ``(factor - 1) * 3 *`` the
+forward time. That is ``factor`` times the work where backward costs twice the
+forward; on this model on a CPU backward costs less, and factors 2 and 3 made a
+rank's local time about 2.6x and 5x (the Horovod example, which can sleep after
+backward, gives the factor itself).
 --checkpoint PATH saves the model, optimizer, callback and sampler state after every
 epoch and resumes from it when it exists.
 

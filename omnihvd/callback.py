@@ -51,6 +51,7 @@ from .alike import size_classes, this_kind
 from .cadence import Cadence
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
+from .checks import check_flag
 from .comm import HorovodComm, LocalComm, PendingGather, agree_on_comm, make_comm
 from .controller import DEFAULT_DEADBAND, partial_split
 from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
@@ -64,8 +65,8 @@ from .options import (check_agreement, configure_everywhere, model_fingerprint, 
 from .payload import payload_row, read_gathered
 from .schedule import ScheduledSizes, SizeSchedule
 from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
-from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight,
-                        synchronized_flag, weighted_parameters)
+from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, clear_synchronized_flag,
+                        register_gradient_weight, synchronized_flag, weighted_parameters)
 
 __all__ = ["OmniLearnCallback"]
 
@@ -277,10 +278,22 @@ class OmniLearnCallback(ScheduledSizes):
 
     def _install_hooks(self) -> list:
         """Gradient weights and the timing boundary; returns handles with ``remove()``."""
-        return [register_gradient_weight(weighted_parameters(self._model, self._optimizer),
-                                         self._weight, exclusive=True),
-                self._optimizer.register_step_pre_hook(self._on_step_entry),
-                self._optimizer.register_step_post_hook(self._on_step_exit)]
+        weights = register_gradient_weight(
+            weighted_parameters(self._model, self._optimizer), self._weight, exclusive=True)
+        hooks = [weights, self._optimizer.register_step_pre_hook(self._on_step_entry),
+                 self._optimizer.register_step_post_hook(self._on_step_exit)]
+        if weights.frozen:   # gradual unfreezing: weighted before their first backward pass
+            hooks.append(self._model.register_forward_pre_hook(
+                lambda module, args: weights.hook_unfrozen()))
+        return hooks
+
+    @property
+    def _outside_pair(self) -> str:
+        """The error of a backward pass outside an on_batch_begin/on_batch_end pair."""
+        return ("rank %d: a backward pass ran outside a cb.on_batch_begin() / cb.on_batch_end() "
+                "pair (before step %d): its gradients would carry no step's batch-size weight; "
+                "call the pair around every batch the loop trains on (around every micro-batch "
+                "with backward_passes_per_step)" % (self.rank, self.step))
 
     @property
     def _gradient_weight(self) -> GradientWeight:
@@ -330,6 +343,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._pending = None          # the posted gather of this step
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
+        self._unchecked = None        # the batch cb.wrap last yielded, not yet checked
         self._started = False
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
@@ -405,7 +419,7 @@ class OmniLearnCallback(ScheduledSizes):
         c = self.controller
         return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
 
-    def wrap(self, loader):
+    def wrap(self, loader, check: bool = True):
         """``loader`` with each ``next()`` counted as this rank's work.
 
         Iterate the result instead of the loader (``for x, y in cb.wrap(loader)``):
@@ -415,11 +429,24 @@ class OmniLearnCallback(ScheduledSizes):
         anything between steps that is not a ``next()``. Wrap the training loader
         only: a loader on one of this callback's evaluation samplers (``train=False``)
         comes back as it is, since its batches are no training step's work.
+
+        With ``check`` (the default) each batch it yields is checked against the
+        step it feeds (:meth:`check_batch`, at that step's ``on_batch_begin``, or
+        ``on_batch_end`` if fetched after it): a batch the loop skipped, or a loader
+        that does not cut the sampler's sizes, is a ConfigError instead of a silently
+        wrong gradient. Pass ``check=False`` for batches whose first tensor's first
+        dimension is not the sample count (time-major sequences).
         """
+        check_flag("check", check)
         sampler = getattr(loader, "batch_sampler", None)
         if sampler in self.schedule.samplers and not sampler.train:
             return loader
-        return TimedIterable(loader, self._timer.add, restart=self._timer.discard_extra)
+        return TimedIterable(loader, self._timer.add, restart=self._timer.discard_extra,
+                             seen=self._fetched if check else None)
+
+    def _fetched(self, batch):
+        """``cb.wrap`` yielded ``batch``: check it at the next hook."""
+        self._unchecked = batch
 
     # --------------------------------------------------------------- hooks
     def on_train_begin(self, logs=None):
@@ -433,6 +460,7 @@ class OmniLearnCallback(ScheduledSizes):
         check_agreement(self._comm.allgather_object(self._fingerprint()))
         self._configure_timer()
         self._hooks = self._install_hooks()
+        self._weight.refuse = self._outside_pair   # until the first on_batch_begin
         self._started = True
         if not self._sync_detectable and not self._warned_sync:
             self._warned_sync = True
@@ -473,10 +501,14 @@ class OmniLearnCallback(ScheduledSizes):
                 self.cadence.record_period(t0 - self._began[1])  # before a new window opens
             self._began = (self.step, t0)
         self._step_sizes = sizes
+        if batch is None:   # the batch cb.wrap yielded for this step, if any
+            batch = self._unchecked
+        self._unchecked = None
         if batch is not None and not isinstance(batch, int):
             self.check_batch(batch)
         self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
                                               self.loss_reduction)
+        self._weight.refuse = None
         self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
         self._update_began, self._step_depth = None, 0
@@ -569,8 +601,11 @@ class OmniLearnCallback(ScheduledSizes):
 
         Call it just before an explicit ``opt.synchronize()`` (e.g. for gradient
         clipping with ``opt.skip_synchronize()``); otherwise omnihvd times up to the
-        entry of ``opt.step()`` by itself.
+        entry of ``opt.step()`` by itself. Called after ``opt.synchronize()``, the
+        step's time includes the wait and is dropped, with one warning (so is an
+        unmarked step whose ``step()`` ``GradScaler`` skipped).
         """
+        self._drop_if_synchronized(self._optimizer)
         self._wait_boundary()
 
     def _on_step_entry(self, optimizer, args, kwargs):
@@ -585,17 +620,22 @@ class OmniLearnCallback(ScheduledSizes):
             self._update_began = time.perf_counter()
             self._released(self._update_began)
             return
-        if (self._timer.running and not self._timer.marked
-                and synchronized_flag(optimizer)):
-            # synchronize() already ran and nobody marked the compute end: the time
-            # includes waiting for other ranks, so it must not be used.
-            self._drop_sample = True
-            if not self._warned_sync:
-                self._warned_sync = True
-                log.warning("omnihvd: rank %d: opt.synchronize() ran before opt.step(), so step "
-                            "times include waiting and are dropped; call cb.mark_compute_end() "
-                            "just before opt.synchronize() to let omnihvd balance", self.rank)
+        self._drop_if_synchronized(optimizer)
         self._wait_boundary()
+
+    def _drop_if_synchronized(self, optimizer):
+        """Drop the running step's time if ``synchronize()`` already ran unmarked:
+        the time then includes waiting for the other ranks."""
+        if not (self._timer.running and not self._timer.marked
+                and synchronized_flag(optimizer)):
+            return
+        self._drop_sample = True
+        if not self._warned_sync:
+            self._warned_sync = True
+            log.warning("omnihvd: rank %d: opt.synchronize() ran before omnihvd's wait boundary "
+                        "(opt.step() or cb.mark_compute_end()), so step times include waiting "
+                        "and are dropped; call cb.mark_compute_end() just before "
+                        "opt.synchronize() to let omnihvd balance", self.rank)
 
     def _on_step_exit(self, optimizer, args, kwargs):
         if self._step_depth == 2 and self._update_began is not None:
@@ -674,8 +714,17 @@ class OmniLearnCallback(ScheduledSizes):
                 "cb.on_batch_end() without cb.on_batch_begin() for this batch (rank %d, step "
                 "%d): its gradients did not get their batch-size weights; call "
                 "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
+        if self._unchecked is not None:   # cb.wrap yielded it after on_batch_begin
+            batch, self._unchecked = self._unchecked, None
+            self.check_batch(batch)
         t0 = time.perf_counter()
-        self._end_local_time()  # no wait boundary this step (no opt.step() call)
+        # no wait boundary this step: no opt.step() call (a loop without one, or a step
+        # GradScaler skipped after an unmarked opt.synchronize())
+        self._drop_if_synchronized(self._optimizer)
+        self._end_local_time()
+        # a step GradScaler skipped left Horovod's flag set; step() would have cleared
+        # it, and the next step must not read it as its own synchronize()
+        clear_synchronized_flag(self._optimizer)
         if self.cadence.gathers_at(self.step) and self._pending is None:
             self._post()  # no wait boundary this step (a loop without step()), or blocking
         if self._pending is not None:
@@ -684,6 +733,7 @@ class OmniLearnCallback(ScheduledSizes):
             self._refresh_quota()  # a re-quota mid-run counts from the next window on
         self.schedule.advance()
         self._updated = False
+        self._weight.refuse = self._outside_pair   # until the next on_batch_begin
         self.overhead_seconds += time.perf_counter() - t0
 
     def on_epoch_end(self, epoch, logs=None):
@@ -709,7 +759,7 @@ class OmniLearnCallback(ScheduledSizes):
         if self._abort_handle is not None:
             self._abort_handle.remove()
             self._abort_handle = None
-        self._weight.value = 1.0
+        self._weight.value, self._weight.refuse = 1.0, None
         self._started = False
 
     # ------------------------------------------------------------ deciding

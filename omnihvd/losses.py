@@ -94,4 +94,6 @@ def check_batch_length(batch, batch_size: int, rank: int, step: int):
             "omnihvd.HeterogeneousBatchSampler(len(dataset), cb)), without batch_size=, keep "
             "every sample the sampler hands out, and call cb.on_batch_begin() and "
             "cb.on_batch_end() around every batch the loader yields (none skipped, every "
-            "micro-batch)" % (rank, got, step, batch_size))
+            "micro-batch); if the batch's first dimension is not its sample count (time-major "
+            "sequences), wrap the loader with cb.wrap(loader, check=False)"
+            % (rank, got, step, batch_size))

@@ -25,8 +25,9 @@ The sizes come from a *schedule*, any object of the protocol
 :class:`omnihvd.schedule.BatchSchedule` (``rank``, ``num_ranks``,
 ``global_batch_size``, ``current_step`` and ``issue(step, total)``; optionally
 ``can_split(total) -> bool``, whether a partial step of ``total`` fits the bounds,
-``register_sampler(sampler, train) -> bool`` and ``restart_pass()``, called at the
-start of each training pass): the :class:`~omnihvd.OmniLearnCallback`,
+``register_sampler(sampler, train) -> bool`` and ``restart_pass(partial)``, called at
+the start of each training pass with ``(step, total)`` of the pass's last, partial
+step or None): the :class:`~omnihvd.OmniLearnCallback`,
 or :class:`StaticSchedule`, a fixed one for tests and for static
 heterogeneity-aware sizing without a callback.
 
@@ -83,8 +84,9 @@ class HeterogeneousBatchSampler(Sampler):
                                          "issue") if not hasattr(schedule, name)]
             raise ConfigError("schedule must be an OmniLearnCallback (or provide %s); got %s"
                               % (", ".join(missing), type(schedule).__name__))
-        check_int("num_samples", num_samples, 1, "len(dataset)")
-        check_int("seed", seed, 0, "the same on every rank", maximum=2 ** 62 - 1)
+        # as ints: a numpy seed or length would reach torch.Generator.manual_seed
+        num_samples = check_int("num_samples", num_samples, 1, "len(dataset)")
+        seed = check_int("seed", seed, 0, "the same on every rank", maximum=2 ** 62 - 1)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
                            ("train", True if train is None else train)):
             check_flag(name, flag)
@@ -129,7 +131,7 @@ class HeterogeneousBatchSampler(Sampler):
     # --------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int):
         """Choose the epoch's permutation. Keeps a resume position only for its own epoch."""
-        check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0)   # np.int64 from np.arange works too
         if epoch != self.epoch:
             self._resume_step = 0
         self.epoch = epoch
@@ -154,7 +156,8 @@ class HeterogeneousBatchSampler(Sampler):
             self._epoch_base = base
             restart = getattr(self.schedule, "restart_pass", None)
             if restart is not None:   # a pass left early handed out steps never run
-                restart()
+                partial = self._partial()
+                restart((base + full_steps, partial) if partial else None)
         for j in range(start, self.steps_per_epoch):
             total = B if j < full_steps else self._partial()
             if self.train:
@@ -194,9 +197,9 @@ class HeterogeneousBatchSampler(Sampler):
                 raise ConfigError("sampler checkpoint has %s=%r but this run has %r; resume with "
                                   "the same dataset, seed and global batch size"
                                   % (key, state[key], getattr(self, key)))
-        step, epoch = state.get("step_in_epoch"), state.get("epoch")
-        for key, value in (("step_in_epoch", step), ("epoch", epoch)):
-            check_int(key, value, 0, where="not a HeterogeneousBatchSampler state_dict: ")
+        step, epoch = (check_int(key, state.get(key), 0,
+                                 where="not a HeterogeneousBatchSampler state_dict: ")
+                       for key in ("step_in_epoch", "epoch"))
         # an epoch's partial step may be kept on one rank count and dropped on another:
         # a checkpoint past the steps this run has means the epoch was done
         most = -(-self.num_samples // self.global_batch_size)

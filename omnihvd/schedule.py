@@ -82,6 +82,7 @@ class SizeSchedule:
         self._issued: Dict[int, List[int]] = {}  # step -> sizes the sampler handed out
         self._issued_upto = step - 1
         self._max_lookahead = 0
+        self._partial_step: Optional[Tuple[int, int]] = None   # (step, total) of this pass
 
     @property
     def current_step(self) -> int:
@@ -89,11 +90,15 @@ class SizeSchedule:
         return self.step
 
     def batch_sizes_at(self, step: int) -> List[int]:
-        """All ranks' sizes for global step ``step`` as scheduled now (an epoch's last,
-        partial step: as handed out)."""
+        """All ranks' sizes for global step ``step`` (the running one or a later one)
+        as scheduled now; an epoch's last, partial step: as handed out, or as it will
+        be (a loop that fetches its batch after ``on_batch_begin``)."""
         if step in self._issued:
             return list(self._issued[step])
-        return self.split_at(step)
+        sizes = self.split_at(step)
+        if self._partial_step is not None and self._partial_step[0] == step:
+            sizes = self._partial(sizes, self._partial_step[1]) or sizes
+        return sizes
 
     def split_at(self, step: int) -> List[int]:
         """The split of B in force at global step ``step`` (a partial step is cut from it)."""
@@ -119,11 +124,13 @@ class SizeSchedule:
             self._max_lookahead = max(self._max_lookahead, step - self.step)
         return list(sizes)
 
-    def restart(self):
+    def restart(self, partial: Optional[Tuple[int, int]] = None):
         """A training sampler starts a new pass: steps handed out by an earlier pass
-        but never run (a loop that broke out of its epoch) are void."""
+        but never run (a loop that broke out of its epoch) are void. ``partial``:
+        ``(step, total)`` of the pass's last, partial step, or None."""
         self._issued = {s: v for s, v in self._issued.items() if s < self.step}
         self._issued_upto = self.step - 1
+        self._partial_step = partial
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Samplers register once; their settings join the cross-rank check.
@@ -228,7 +235,9 @@ class ScheduledSizes:
         return self.batch_sizes[self.rank]
 
     def batch_sizes_at(self, step: int) -> List[int]:
-        """All ranks' sizes for global step ``step`` as scheduled now."""
+        """All ranks' sizes for global step ``step``, the running one (``cb.step``)
+        or a later one, as scheduled now (a partial step's own sizes); a finished
+        step's sizes are not kept (``cb.history`` records the decisions)."""
         return self.schedule.batch_sizes_at(step)
 
     def issue(self, step: int, total: int, record: bool = True) -> Optional[List[int]]:
@@ -244,9 +253,10 @@ class ScheduledSizes:
         """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
         return self.schedule.can_split(total)
 
-    def restart_pass(self):
-        """Called by the training sampler at the start of each pass over its data."""
-        self.schedule.restart()
+    def restart_pass(self, partial: Optional[Tuple[int, int]] = None):
+        """Called by the training sampler at the start of each pass over its data, with
+        ``(step, total)`` of the pass's last, partial step (None: it has none)."""
+        self.schedule.restart(partial)
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
@@ -276,9 +286,8 @@ class StaticSchedule:
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
             raise ConfigError("batch_sizes must be a non-empty list of ints >= 1, got %r"
                               % (batch_sizes,))
-        check_int("rank", rank, 0, maximum=len(batch_sizes) - 1)
+        self.rank = check_int("rank", rank, 0, maximum=len(batch_sizes) - 1)
         self.batch_sizes = list(batch_sizes)
-        self.rank = rank
         self.num_ranks = len(self.batch_sizes)
         self.global_batch_size = sum(self.batch_sizes)
         self.current_step = 0

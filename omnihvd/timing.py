@@ -304,9 +304,8 @@ class TimingWindow:
     """
 
     def __init__(self, settle_steps: int = 1, method: str = DEFAULT_SUMMARY):
-        check_int("settle_steps", settle_steps, 0)
+        self.settle_steps = check_int("settle_steps", settle_steps, 0)
         _check_method(method)
-        self.settle_steps = settle_steps
         self.method = method
         self._samples: List = []
         self._skip = settle_steps
@@ -537,6 +536,8 @@ class TimedIterable:
         charge: called with the seconds each ``next()`` took.
         restart: called when a new iteration begins (drops charges of an iteration
             left early, e.g. by ``break``).
+        seen: called with each item before it is yielded (the callback checks its
+            length at the next ``on_batch_begin``).
         clock: seconds (default ``time.perf_counter``).
 
     >>> seen = []
@@ -548,10 +549,12 @@ class TimedIterable:
 
     def __init__(self, iterable: Iterable, charge: Callable[[float], None],
                  restart: Optional[Callable[[], None]] = None,
+                 seen: Optional[Callable[[object], None]] = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.iterable = iterable
         self._charge = charge
         self._restart = restart
+        self._seen = seen
         self._clock = clock
 
     def __len__(self):
@@ -577,4 +580,6 @@ class TimedIterable:
             if not first:
                 self._charge(elapsed)
             first = False
+            if self._seen is not None:
+                self._seen(item)
             yield item

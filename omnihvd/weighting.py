@@ -23,7 +23,9 @@ hook runs before the gradient is accumulated into ``.grad``, hence before Horovo
 own hook (registered on the gradient accumulator) launches the allreduce. It
 therefore composes with ``backward_passes_per_step > 1`` (each micro-step is
 weighted before accumulation) and with parameters that get no gradient (no hook
-fires; Horovod allreduces zeros for them). A parameter carries at most one
+fires; Horovod allreduces zeros for them). A parameter frozen at registration
+gets its hook once it is unfrozen (:meth:`_Handles.hook_unfrozen`, which the
+callback runs in a forward pre-hook of the model). A parameter carries at most one
 callback's weight at a time (:func:`register_gradient_weight` with
 ``exclusive=True``): two would multiply it twice.
 """
@@ -32,8 +34,8 @@ from typing import Dict, List, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "register_gradient_weight",
-           "synchronized_flag", "weighted_parameters"]
+__all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "clear_synchronized_flag",
+           "register_gradient_weight", "synchronized_flag", "weighted_parameters"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -87,16 +89,42 @@ def synchronized_flag(optimizer):
     return None if flag is None else bool(flag)
 
 
+def clear_synchronized_flag(optimizer):
+    """Clear Horovod's ``_synchronized`` flag at a step's end, as ``step()`` does.
+
+    A step whose ``step()`` never ran (``GradScaler`` skips it when the gradients
+    overflowed) leaves the flag of its ``synchronize()`` set; the next step would
+    read it as its own. Optimizers without the flag are left alone.
+
+    >>> class Opt: _synchronized = True
+    >>> opt = Opt(); clear_synchronized_flag(opt); synchronized_flag(opt)
+    False
+    """
+    if synchronized_flag(optimizer):
+        optimizer._synchronized = False
+
+
 class GradientWeight:
     """The current weight, read by the hooks; a small explicit state object.
 
-    ``value`` is set by the callback at the start of each step.
+    ``value`` is set by the callback at the start of each step. ``refuse``: None, or
+    the message of the ConfigError a hook raises instead of weighting (the callback
+    sets it between its steps: a backward pass there gets no step's weight).
+
+    >>> w = GradientWeight(0.5); w(4.0)   # a hook's gradient: a tensor, here a float
+    2.0
+    >>> w.refuse = "a backward pass between the steps"; w(4.0)
+    Traceback (most recent call last):
+    omnihvd.errors.ConfigError: a backward pass between the steps
     """
 
     def __init__(self, value: float = 1.0):
         self.value = float(value)
+        self.refuse = None
 
     def __call__(self, grad):
+        if self.refuse is not None:
+            raise ConfigError(self.refuse)
         if self.value == 1.0:
             return None  # leave the gradient untouched
         return grad * self.value
@@ -114,14 +142,47 @@ def _exclusive_weight(p):
 
 
 class _Handles:
-    def __init__(self, handles: List, exclusive: List = ()):
-        self._handles = handles
-        self._exclusive = list(exclusive)
+    """The hooks of one registration; parameters frozen at registration (no grad
+    required) get theirs when they become trainable (:meth:`hook_unfrozen`)."""
+
+    def __init__(self, weight: GradientWeight, exclusive: bool):
+        self._weight, self._claim = weight, exclusive
+        self._handles: List = []
+        self._exclusive: List[int] = []
+        self._frozen: List = []
+
+    def add(self, parameters):
+        trainable = [p for p in parameters if p.requires_grad]
+        if self._claim and any(_exclusive_weight(p) not in (None, self._weight)
+                               for p in trainable):
+            raise ConfigError("the model's parameters already carry the gradient weights of "
+                              "another OmniLearnCallback that is still attached (two would "
+                              "weight every gradient twice): call on_train_end() on the old "
+                              "callback first")
+        self._handles += [p.register_hook(self._weight) for p in trainable]
+        if self._claim:
+            for p in trainable:
+                _EXCLUSIVE[id(p)] = (weakref.ref(p), self._weight)
+                self._exclusive.append(id(p))
+        self._frozen += [p for p in parameters if not p.requires_grad]
+
+    @property
+    def frozen(self) -> bool:
+        """Whether some parameter is still frozen (no hook yet)."""
+        return bool(self._frozen)
+
+    def hook_unfrozen(self):
+        """Weight the parameters unfrozen since (``requires_grad_(True)`` mid-training:
+        Horovod allreduces them as before, so unweighted they would be silently
+        wrong). Costs one check per still-frozen parameter."""
+        if any(p.requires_grad for p in self._frozen):
+            frozen, self._frozen = self._frozen, []
+            self.add(frozen)
 
     def remove(self):
         for h in self._handles:
             h.remove()
-        self._handles = []
+        self._handles, self._frozen = [], []
         for key in self._exclusive:
             _EXCLUSIVE.pop(key, None)
         self._exclusive = []
@@ -173,6 +234,9 @@ def weighted_parameters(model, optimizer) -> List:
 def register_gradient_weight(parameters, weight: GradientWeight, exclusive: bool = False):
     """Register ``weight`` on every parameter that requires grad; returns a handle.
 
+    A parameter frozen now gets the weight once it requires grad and the handle's
+    ``hook_unfrozen()`` runs (the callback runs it before each forward pass).
+
     Args:
         parameters: iterable of tensors (e.g. ``model.parameters()``).
         weight: the shared :class:`GradientWeight` state.
@@ -181,7 +245,8 @@ def register_gradient_weight(parameters, weight: GradientWeight, exclusive: bool
             ``remove()``.
 
     Returns:
-        an object whose ``remove()`` takes all the hooks off again.
+        an object whose ``remove()`` takes all the hooks off again and whose
+        ``hook_unfrozen()`` weights the parameters unfrozen since.
 
     Raises:
         ConfigError: with ``exclusive``, a parameter already carries another weight.
@@ -195,15 +260,6 @@ def register_gradient_weight(parameters, weight: GradientWeight, exclusive: bool
     >>> h.remove(); p.grad = None; (p * 4).sum().backward(); p.grad.tolist()
     [4.0, 4.0]
     """
-    params = [p for p in parameters if getattr(p, "requires_grad", False)]
-    if exclusive and any(_exclusive_weight(p) not in (None, weight) for p in params):
-        raise ConfigError("the model's parameters already carry the gradient weights of another "
-                          "OmniLearnCallback that is still attached (two would weight every "
-                          "gradient twice): call on_train_end() on the old callback first")
-    handles = [p.register_hook(weight) for p in params]
-    claimed = []
-    if exclusive:
-        for p in params:
-            _EXCLUSIVE[id(p)] = (weakref.ref(p), weight)
-            claimed.append(id(p))
-    return _Handles(handles, claimed)
+    handles = _Handles(weight, exclusive)
+    handles.add([p for p in parameters if hasattr(p, "requires_grad")])
+    return handles

@@ -12,7 +12,13 @@ OMNIHVD_ROOT="${OMNIHVD_ROOT:-$(dirname "$OMNIHVD_SLURM_DIR")}"
 export OMNIHVD_SLURM_DIR OMNIHVD_ROOT
 # shellcheck source=site.sh
 source "$OMNIHVD_SLURM_DIR/site.sh"
-omnihvd_site_env
+# A site set-up that fails (a missing module or environment) ends the job here, not
+# in four ranks failing to start (or running whichever python is on PATH).
+if ! omnihvd_site_env; then
+    echo "omnihvd-slurm: omnihvd_site_env failed (slurm/site.sh): fix the modules and" \
+        "Python environment it loads (OMNIHVD_ROOT=$OMNIHVD_ROOT)" >&2
+    exit 1
+fi
 
 # One compute thread per CPU Slurm gave the task; unbuffered output so the ranks'
 # lines reach the log as they are printed.

@@ -181,6 +181,18 @@ def test_cli_bad_value_is_a_message_naming_it_and_exit_2(argv, option, value, tm
     assert os.listdir(tmp_path) == []
 
 
+def test_cli_simulate_to_a_folder_it_cannot_create_exits_2(capsys):
+    assert cli.main(["simulate", "--ranks", "2", "--steps", "5", "--out", "/proc/x"]) == 2
+    assert "cannot create the --out folder /proc/x" in capsys.readouterr().err
+
+
+def test_cli_doctor_refuses_a_timeout_that_is_not_positive(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["doctor", "--timeout", "0"])
+    assert info.value.code == 2
+    assert "expected a positive number of seconds, got '0'" in capsys.readouterr().err
+
+
 def test_cli_plot_of_a_missing_log_says_which_and_exits_2(tmp_path, capsys):
     missing = str(tmp_path / "run.jsonl")
     assert cli.main(["plot", missing]) == 2

@@ -5,6 +5,7 @@ option validation, the training-loop protocol, timing with an explicit
 ``synchronize()``, checkpoints and hook removal. Multi-rank behaviour (weights other
 than 1, size changes, errors on one rank) is the mpirun tier's job.
 """
+import contextlib
 import copy
 import logging
 import math
@@ -283,6 +284,48 @@ def test_explicit_synchronize_without_mark_drops_samples_and_warns_once(data, ca
     assert cb.step == N // B  # training itself went on normally
 
 
+
+@pytest.mark.parametrize("pattern", ["mark_before", "mark_after", "no_mark"])
+@pytest.mark.parametrize("overflow", [False, True])
+def test_gradscaler_steps_are_timed_to_the_synchronize_or_dropped(data, caplog, pattern,
+                                                                  overflow):
+    """Horovod's GradScaler loop (synchronize, unscale_, skip_synchronize, scaler.step):
+    marked before synchronize() every step's time is kept, also when the scaler skips
+    step() (an overflow leaves Horovod's flag set: it must not read as the next step's
+    synchronize); marked after it, or unmarked, every time includes the wait and is
+    dropped with one warning, also when no step() ran to see the flag."""
+    model, opt, cb = build(adjust_every=2, nonblocking=False)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    scaler = torch.amp.GradScaler("cpu", init_scale=math.inf if overflow else 2.0 ** 10)
+    w0 = model.weight.detach().clone()
+    cb.on_train_begin()
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        for x, y in DataLoader(data, batch_sampler=sampler):
+            cb.on_batch_begin()
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            if pattern == "mark_before":
+                cb.mark_compute_end()
+            opt.synchronize()
+            if pattern == "mark_after":
+                cb.mark_compute_end()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+            cb.on_batch_end()
+    cb.on_train_end()
+    assert torch.equal(model.weight, w0) == overflow   # every step skipped, or none
+    warnings = [r for r in caplog.records if "mark_compute_end" in r.getMessage()]
+    assert len(cb.history) == 4 and cb.step == N // B
+    if pattern == "mark_before":
+        assert not warnings
+        assert all("skipped" not in h and h["samples"] == [2] for h in cb.history[1:])
+    else:
+        assert len(warnings) == 1 and "just before opt.synchronize()" in warnings[0].getMessage()
+        assert all(h["samples"] == [0] and "skipped" in h for h in cb.history), cb.history
+
+
 # ------------------------------------------------------------------ checkpoints
 
 
@@ -442,20 +485,30 @@ def started(data):
     return model, opt, cb, batches
 
 
-def test_a_batch_without_on_batch_begin_is_refused_at_its_end(data):
-    # Its gradients kept the weights of another step's sizes. (Not at opt.step():
-    # hvd.broadcast_optimizer_state calls the base optimizer's step() itself.)
+@pytest.mark.parametrize("where", ["before_the_first", "between_two"])
+def test_a_backward_pass_outside_the_hook_pair_is_refused(data, where):
+    # Its gradients would keep another step's weights (Horovod allreduces them at the
+    # next step() or synchronize()). Not refused at opt.step(): hvd.broadcast_optimizer_state
+    # calls the base optimizer's step() itself, with no backward pass.
     model, opt, cb, batches = started(data)
-    one_update(model, opt, *next(batches))               # never began
-    with pytest.raises(ConfigError, match="on_batch_begin"):
+    if where == "between_two":
+        cb.on_batch_begin()
+        one_update(model, opt, *next(batches))
         cb.on_batch_end()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)      # its own step() is no batch
+    with pytest.raises(ConfigError, match="outside a cb.on_batch_begin"):
+        one_update(model, opt, *next(batches))           # never began
+    cb.on_train_end()
+    one_update(model, opt, *next(batches))   # the hooks are off: plain Horovod again
+
+
+def test_an_on_batch_end_without_its_begin_is_refused(data):
+    model, opt, cb, batches = started(data)
     cb.on_batch_begin()
     one_update(model, opt, *next(batches))
     cb.on_batch_end()
-    one_update(model, opt, *next(batches))               # began the previous batch only
     with pytest.raises(ConfigError, match="on_batch_begin"):
         cb.on_batch_end()
-    hvd.broadcast_optimizer_state(opt, root_rank=0)      # its own step() is no batch
     cb.on_train_end()
 
 
@@ -686,6 +739,48 @@ def test_batch_of_another_size_is_a_clear_error(data):
         cb.on_batch_begin(batch=[x[:5], y[:5]])
     cb.on_train_end()
 
+
+
+@pytest.mark.parametrize("shape", ["every_batch", "skip_one", "fetch_after_begin",
+                                   "fetch_after_begin_skip_one", "time_major", "unchecked"])
+def test_wrapped_batches_are_checked_against_their_step(data, shape):
+    # 60 samples, B=8, drop_last=False: 7 steps of 8 and a last one of 4. A loop
+    # that skips a batch (a NaN guard's `continue`) runs that 4-sample batch as a
+    # step of 8, whose weights assume 8: a ConfigError, before or after the step.
+    x, y = data.tensors
+    dataset = TensorDataset(x[:60], y[:60])
+    model, opt, cb = build()
+    sampler = omnihvd.HeterogeneousBatchSampler(60, cb, drop_last=False)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    if shape == "time_major":
+        loader = [(xb.T, yb) for xb, yb in loader]      # (features, samples): 4 x b
+    wrapped = cb.wrap(loader, check=(shape != "unchecked"))
+    cb.on_train_begin()
+    ran = 0
+    with pytest.raises(ConfigError, match="got a batch of") if shape in (
+            "skip_one", "fetch_after_begin_skip_one", "time_major") else contextlib.nullcontext():
+        if shape.startswith("fetch_after_begin"):
+            batches = iter(wrapped)
+            for i in range(sampler.steps_per_epoch):
+                cb.on_batch_begin()
+                xb, yb = next(batches)
+                if shape.endswith("skip_one") and i == 2:
+                    xb, yb = next(batches)   # the third batch skipped
+                one_update(model, opt, xb, yb)
+                cb.on_batch_end()
+                ran += 1
+        else:
+            for i, (xb, yb) in enumerate(wrapped):
+                if shape == "skip_one" and i == 2:
+                    continue
+                cb.on_batch_begin()
+                one_update(model, opt, xb.T if shape == "time_major" else xb, yb)
+                cb.on_batch_end()
+                ran += 1
+    expected = {"every_batch": 8, "unchecked": 8, "skip_one": 6, "time_major": 0,
+                "fetch_after_begin": 8, "fetch_after_begin_skip_one": 6}[shape]
+    assert ran == expected and cb.step == expected
+    cb.on_train_end()
 
 def test_evaluation_loader_does_not_disturb_the_training_schedule(data):
     # Before: the validation sampler issued steps of its own, and its partial last

@@ -96,6 +96,10 @@ def test_example_starts_omnihvd_from_a_given_split():
     (["--split", "1,2"], "--split goes with --mode fixed"),
     (["--mode", "fixed", "--split", "1,2", "--start-split", "1,2"],
      "--start-split goes with --mode omnihvd or tuned"),
+    (["--mode", "fixed", "--split", "a,b"], "argument --split: expected a positive int, got 'a'"),
+    (["--slowdown", "1,0"], "argument --slowdown: expected a positive float, got '0'"),
+    (["--steps", "0"], "argument --steps: expected a positive int, got '0'"),
+    (["--checkpoint", "/nonexistent/ck.pt"], "the folder '/nonexistent' does not exist"),
 ])
 def test_example_rejects_a_split_for_the_wrong_mode(argv, error):
     import subprocess
@@ -103,3 +107,16 @@ def test_example_rejects_a_split_for_the_wrong_mode(argv, error):
     proc = subprocess.run([sys.executable, EXAMPLE, *argv], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and error in proc.stderr
+
+
+def test_example_resumed_from_an_epochs_end_goes_on_with_the_next_epoch(tmp_path):
+    # A checkpoint written at the end of epoch 0: the resumed run trains epoch 1 only
+    # (it ran epoch 0 again, with no steps, before).
+    import subprocess
+
+    ck = str(tmp_path / "ck.pt")
+    runs = [subprocess.run([sys.executable, EXAMPLE, "--steps", "3", "--global-batch-size",
+                            "32", "--epochs", str(epochs), "--checkpoint", ck],
+                           capture_output=True, text=True, timeout=300) for epochs in (1, 2)]
+    epochs = [re.findall(r"^epoch (\d+):", run.stdout, re.M) for run in runs]
+    assert all(run.returncode == 0 for run in runs) and epochs == [["0"], ["1"]], runs

@@ -259,6 +259,24 @@ def test_order_is_deterministic_from_seed_and_epoch():
     assert s.order().tolist() == first and sorted(first) == list(range(50))
 
 
+
+def test_numpy_integers_are_taken_as_ints():
+    # for epoch in np.arange(E): the check accepted np.int64, then torch's
+    # Generator.manual_seed refused it when the epoch was iterated
+    import json
+
+    import numpy as np
+
+    s = HeterogeneousBatchSampler(np.int64(20), StaticSchedule([4, 6], 1), seed=np.int64(3))
+    plain = HeterogeneousBatchSampler(20, StaticSchedule([4, 6], 1), seed=3)
+    for epoch in np.arange(2):
+        s.set_epoch(epoch)
+        plain.set_epoch(int(epoch))
+        assert list(s) == list(plain)
+    s.load_state_dict({**s.state_dict(), "step_in_epoch": np.int64(1), "epoch": np.int64(1)})
+    assert list(s) == list(plain)[1:]
+    json.dumps(s.state_dict())   # plain ints: a JSON checkpoint takes it
+
 def test_every_epoch_has_a_different_order_and_reiteration_repeats_it():
     s = HeterogeneousBatchSampler(40, StaticSchedule([8]), seed=11)
     orders = []

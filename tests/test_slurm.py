@@ -500,3 +500,13 @@ def test_kill_job_sruns_kills_only_that_jobs_srun(tmp_path):
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_failing_site_setup_ends_the_job_with_a_clear_message(tmp_path):
+    # OMNIHVD_ROOT without a .venv: site.sh's activate fails, and the job stops there
+    # instead of launching ranks on whichever python is on PATH.
+    proc = subprocess.run(["bash", "-c", 'source "%s/slurm/common.sh"; echo LAUNCHED' % ROOT],
+                          env=dict(os.environ, OMNIHVD_ROOT=str(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "LAUNCHED" not in proc.stdout, proc
+    assert "omnihvd_site_env failed" in proc.stderr, proc.stderr

@@ -82,6 +82,16 @@ def test_read_log_errors(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ConfigError, match="holds no records"):
         telemetry.read_log(str(empty))
+    # JSON, but not a run log's records: a message, not a traceback in omnihvd plot
+    for text, needle in [("[1, 2]", "line 1: not a JSON object"),
+                         ('{"kind": "step", "step": 0}', "needs step, t, step_s and sizes"),
+                         ('{"kind": "step", "step": 0, "t": 1, "step_s": "abc", "sizes": [2]}',
+                          "step_s must be a number"),
+                         ('{"kind": "step", "step": 0, "t": 1, "step_s": 1, "sizes": 2}',
+                          "sizes must be a list of ints")]:
+        bad.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=needle):
+            telemetry.read_log(str(bad))
 
 
 def test_plot_rejects_nothing_to_plot(tmp_path):

@@ -137,8 +137,13 @@ EOF
         BUILD="$(mktemp -d)"
         # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would
         # hand back a horovod built for another torch or MPI.
-        if ! env CXX="$CACHE/bin/g++-c++17" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
+        # PyTorch and MPI are what omnihvd needs; Gloo and MPI for CPU operations are
+        # defaults a user's own HOROVOD_WITH_GLOO / HOROVOD_CPU_OPERATIONS replace.
+        if ! env CXX="$CACHE/bin/g++-c++17" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 \
+            HOROVOD_WITH_GLOO="${HOROVOD_WITH_GLOO:-1}" \
+            HOROVOD_CPU_OPERATIONS="${HOROVOD_CPU_OPERATIONS:-MPI}" \
+            HOROVOD_WITHOUT_TENSORFLOW="${HOROVOD_WITHOUT_TENSORFLOW:-1}" \
+            HOROVOD_WITHOUT_MXNET="${HOROVOD_WITHOUT_MXNET:-1}" \
             MAKEFLAGS="-j$(nproc)" \
             "$PY" -m pip wheel -q --no-cache-dir --no-build-isolation --no-deps --no-binary horovod \
             "horovod==$HOROVOD_VERSION" -w "$BUILD" >"$BUILD/build.log" 2>&1; then

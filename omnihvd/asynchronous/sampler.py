@@ -39,11 +39,9 @@ class AsyncBatchSampler:
     """
 
     def __init__(self, dataset_len: int, callback, seed: int = 0, drop_last: bool = True):
-        check_int("dataset_len", dataset_len, 1)
-        check_int("seed", seed, 0)
-        self.dataset_len = dataset_len
+        self.dataset_len = check_int("dataset_len", dataset_len, 1)
         self.callback = callback
-        self.seed = seed
+        self.seed = check_int("seed", seed, 0)
         self.drop_last = bool(drop_last)
         self.epoch = 0
 

@@ -721,7 +721,11 @@ def run(args) -> int:
                                drift=args.drift, reversion=args.reversion)
         results.append(simulate(cluster, profile, global_batch_size=B, steps=args.steps,
                                 control=control, seed=args.seed))
-    os.makedirs(args.out, exist_ok=True)
+    try:   # after the checks of every option: a bad one leaves no folder behind
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("cannot create the --out folder %s: %s" % (args.out, exc.strerror)) \
+            from None
     doc = {name: res.to_dict(args.every) for (name, _), res in zip(runs, results)}
     json_path = os.path.join(args.out, "simulate.json")
     with open(json_path, "w") as f:

@@ -115,6 +115,10 @@ def read_log(path: str) -> dict:
         except ValueError:
             raise ConfigError("%s line %d is not JSON: %.60r; is this a run log written by "
                               "omnihvd.tools.telemetry.RunLog?" % (path, number, line)) from None
+        problem = _record_problem(record)
+        if problem:
+            raise ConfigError("%s line %d: %s: %.60r; is this a run log written by "
+                              "omnihvd.tools.telemetry.RunLog?" % (path, number, problem, line))
         kind = record.get("kind")
         if kind == "meta":
             out["meta"].update(record)
@@ -125,6 +129,31 @@ def read_log(path: str) -> dict:
     if not out["meta"] and not out["steps"]:
         raise ConfigError("run log %s holds no records" % path)
     return out
+
+
+def _record_problem(record) -> str:
+    """What keeps ``record`` from being a run-log record ('' when it is one).
+
+    >>> _record_problem([1, 2]), _record_problem({"kind": "step", "step": 0})
+    ('not a JSON object', 'a step record needs step, t, step_s and sizes')
+    >>> _record_problem({"kind": "step", "step": 0, "t": 1, "step_s": "abc", "sizes": [2]})
+    'step_s must be a number'
+    """
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if record.get("kind") != "step":
+        return ""
+    if any(key not in record for key in ("step", "t", "step_s", "sizes")):
+        return "a step record needs step, t, step_s and sizes"
+    for key in ("step", "t", "step_s", "ideal_s"):
+        value = record.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "%s must be a number" % key
+    sizes = record["sizes"]
+    if not (isinstance(sizes, list) and sizes
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in sizes)):
+        return "sizes must be a list of ints"
+    return ""
 
 
 def _converged_at(sizes, tolerance, slack):

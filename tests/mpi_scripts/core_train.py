@@ -9,7 +9,9 @@ checks that each epoch handed out every sample exactly once, and that a
 validation loader on the same callback (iterated after every epoch) neither
 disturbs the training schedule nor misses a sample. The loss also trains a
 temperature that is the optimizer's but not the model's: Horovod allreduces it, so
-it must be weighted like the model's parameters.
+it must be weighted like the model's parameters. It is frozen for the first epoch
+and unfrozen inside the second's first step (gradual unfreezing, after
+on_batch_begin): it must get its weight from that step on.
 
 Usage: core_train.py OP BPPS NUM_WORKERS [SLOWDOWNS [LOSS [N]]]
   OP: average|sum; BPPS: backward passes per step; SLOWDOWNS: "1,2,4" seconds/sample
@@ -127,6 +129,7 @@ val_sampler = omnihvd.HeterogeneousBatchSampler(NV, cb, seed=9, drop_last=False)
 val_loader = torch.utils.data.DataLoader(val_set, batch_sampler=val_sampler)
 assert sampler.train and not val_sampler.train
 per_sample = 0.0002 * slow[rank % len(slow)]
+temperature.requires_grad_(False)   # frozen when the hooks are registered
 
 log = []  # per optimizer step: list of micro-steps, each the global indices (this rank's)
 epoch_indices = []
@@ -135,11 +138,15 @@ cb.on_train_begin()
 for epoch in range(EPOCHS):
     sampler.set_epoch(epoch)
     cb.on_epoch_begin(epoch)
+    if epoch == 1:
+        frozen_steps = len(log)
     seen = []
     micro = []
     for x, y, idx in loader:
         cb.on_batch_begin(batch=(x, y, idx))  # checks len(x) against this step's size
         assert len(idx) == cb.batch_sizes_at(cb.step)[rank], (len(idx), cb.batch_sizes_at(cb.step))
+        if epoch == 1 and not temperature.requires_grad:
+            temperature.requires_grad_(True)   # unfrozen: Horovod allreduces it again
         if len(micro) == 0:
             opt.zero_grad()
         loss = rank_loss(scaled(model, temperature)(x), y)
@@ -187,6 +194,7 @@ if rank == 0:
     ref_temperature = torch.nn.Parameter(torch.ones(1))
     ref_opt = torch.optim.SGD([*ref.parameters(), ref_temperature], lr=LR, momentum=0.9)
     for s in range(len(log)):
+        ref_temperature.requires_grad_(s >= frozen_steps)
         ref_opt.zero_grad()
         for m in range(bpps):
             replay_loss(scaled(ref, ref_temperature),
