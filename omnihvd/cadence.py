@@ -134,12 +134,12 @@ class Cadence:
             left out), for the split for the slowest arrival
             (:mod:`omnihvd.arrivals`; the gathered table goes to :meth:`decide`).
             For synchronous training, where a step waits for its last rank.
-        releases: also keep each step's release time (:meth:`record_release`),
-            aligned by step like ``arrivals``, for each rank's release lag
-            (:mod:`omnihvd.lags`; the gathered table goes to :meth:`decide`).
-        arrived_at: also keep each step's arrival moment (:meth:`record_arrived`),
-            aligned by step like ``arrivals``, for the arrival lead
-            (:mod:`omnihvd.lead`; the gathered table goes to :meth:`decide`).
+        releases: also keep each step's release time (:meth:`record_release`) and
+            arrival moment (:meth:`record_arrived`), aligned by step like
+            ``arrivals``, for each rank's release lag (:mod:`omnihvd.lags`; the
+            gathered tables go to :meth:`decide`).
+        arrived_at: also keep each step's arrival moment, for the arrival lead
+            (:mod:`omnihvd.lead`).
 
     Raises:
         ConfigError: malformed options.
@@ -161,10 +161,13 @@ class Cadence:
         self._window_key = None
         # per-step series kept since the window opened, one slot per step (NaN: none),
         # the first settle_steps after a change of sizes left out: "arrivals" (local
-        # times), "releases" and "arrived_at", as asked for
+        # times), "releases" and "arrived_at" (the lead's, and the release lags' too),
+        # as asked for
         self._series = {name: [] for name, kept in (("arrivals", arrivals),
                                                      ("releases", releases),
-                                                     ("arrived_at", arrived_at)) if kept}
+                                                     ("arrived_at", arrived_at or releases))
+                        if kept}
+        self._lead = bool(arrived_at)   # arrival moments also give the arrival lead
         self._since_change = 0  # steps since the sizes changed
         self._pending: Optional[tuple] = None  # (effective step, sizes) not yet measured
 
@@ -208,7 +211,7 @@ class Cadence:
 
     def record_arrived(self, seconds: float):
         """Offer the moment the running step began to wait for the others
-        (``time.perf_counter()``; kept only with ``arrived_at``)."""
+        (``time.perf_counter()``; kept with ``arrived_at`` or ``releases``)."""
         self._fill("arrived_at", seconds)
 
     def record_period(self, seconds) -> bool:
@@ -306,9 +309,9 @@ class Cadence:
                             % np.flatnonzero(bad).tolist())
         use_errors = errors is not None and self.timing != "mean"
         lags = None if releases is None or hosts is None or cpusets is None else release_lags(
-            releases, hosts, cpusets)
-        offsets = None if arrived_at is None or hosts is None else arrival_offsets(arrived_at,
-                                                                                   hosts)
+            releases, hosts, cpusets, arrived_at)
+        offsets = (None if arrived_at is None or hosts is None or not self._lead
+                   else arrival_offsets(arrived_at, hosts))
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,

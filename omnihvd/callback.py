@@ -287,7 +287,6 @@ class OmniLearnCallback(ScheduledSizes):
                 lambda module, args: weights.hook_unfrozen()))
         return hooks
 
-    @property
     def _outside_pair(self) -> str:
         """The error of a backward pass outside an on_batch_begin/on_batch_end pair."""
         return ("rank %d: a backward pass ran outside a cb.on_batch_begin() / cb.on_batch_end() "

@@ -122,9 +122,10 @@ def _as_int_vector(name, values, n=None):
 
 
 def _as_time_vector(name, values, n):
-    raw = np.asarray(values, dtype=object) if isinstance(values, (list, tuple)) else None
-    if raw is not None and raw.ndim == 1 and any(
-            isinstance(v, (bool, np.bool_, str, bytes)) for v in raw):
+    kind = values.dtype.kind if isinstance(values, np.ndarray) else "O"
+    raw = np.asarray(values, dtype=object) if kind == "O" else None
+    if kind in "bSU" or (raw is not None and raw.ndim == 1 and any(
+            isinstance(v, (bool, np.bool_, str, bytes)) for v in raw)):
         raise ConfigError("%s must be a sequence of seconds (numbers, not bools or strings), "
                           "got %r" % (name, values))
     try:

@@ -35,11 +35,21 @@ quotas 100/60/30% and core sets at 0.997 (0.962-1.021), under HL4 quotas with co
 sets at 0.996 (0.934-1.001) of the one without and 0.987 (0.972-0.997) of the best
 fixed split over 25 launches (docs/real-heterogeneity.rst).
 
+A rank is charged only what follows its own arrival (the moment it began to wait):
+a rank still working when the others were released -- the last to arrive, whose
+gradients' allreduce completed while it ran on after its backward pass (a sleep,
+clipping, logging before ``opt.step()``) -- resumes late by time already in its
+local time. Charged from the others' release, the slow one of 2 ranks on their own
+cores (the example's ``--slowdown 1,3``, ``mpirun``'s default binding) was charged
+its 0.08-0.36 s of work twice: the first decision went to 224/32 in 11 of 11 runs
+and the second to 248/8 in 6 (192/64 balances); charged from its arrival, 0.2-1.3
+ms, and 196-224 / 187-230 (noisy times: the full test suite ran beside them).
+
 How it is measured: each rank notes the moment its synchronize returns (where its
-update begins), on the clock ``time.perf_counter`` reads, which is the system's
-monotonic clock and the same for every process of one machine (one boot). Every
-window, these release times of its steps are gathered aligned by step (like
-:mod:`omnihvd.arrivals`), with each rank's machine (:func:`host_key`) and CPUs
+update begins) and the moment it began to wait, on the clock ``time.perf_counter``
+reads, which is the system's monotonic clock and the same for every process of one
+machine (one boot). Every window, these moments of its steps are gathered aligned by
+step (like :mod:`omnihvd.arrivals`), with each rank's machine (:func:`host_key`) and CPUs
 (:func:`release_lags`). Ranks on different machines are not compared (their clocks
 are not the same). :class:`LagPool` keeps each rank's last :data:`LAG_SAMPLES` lags;
 its charge is their mean with the rarest slowest winsorised (a one-off pause is not a
@@ -108,10 +118,16 @@ def cpuset_key() -> float:
     return digest(sorted(affinity(0)))
 
 
-def release_lags(releases, hosts, cpusets) -> np.ndarray:
+def release_lags(releases, hosts, cpusets, arrived=None) -> np.ndarray:
     """Each rank's lag in each step: how much later than the first rank of its
     machine *on other CPUs* the ranks on its own CPUs resumed, on average (NaN where
     its release is missing or a lag exceeds :data:`MAX_LAG`).
+
+    With ``arrived``, a rank's lag is counted from the later of that first release
+    and its own arrival (the moment it began to wait): a rank that was still working
+    when the others were released (the last to arrive, whose gradients' allreduce
+    completed while it worked on after its backward pass) resumes late by time that
+    is already in its local time, and is not charged it again.
 
     A group of ranks on the same CPUs takes turns on them, and the order of the turns
     shifts with the split: charging each its own place in the order made ranks of
@@ -125,8 +141,13 @@ def release_lags(releases, hosts, cpusets) -> np.ndarray:
             monotonic clock (NaN: none), aligned by step.
         hosts: one :func:`host_key` per rank.
         cpusets: one :func:`cpuset_key` per rank.
+        arrived: optional ``(steps, ranks)`` arrival moments of the same steps, on
+            the same clocks (NaN: none; None: lags counted from the first release).
     """
     r = np.asarray(releases, dtype=np.float64)
+    a = None if arrived is None else np.asarray(arrived, dtype=np.float64)
+    if a is not None and a.shape != r.shape:
+        a = None
     h = np.asarray(hosts, dtype=np.float64)
     c = np.asarray(cpusets, dtype=np.float64)
     lags = np.full(r.shape, np.nan)
@@ -144,7 +165,11 @@ def release_lags(releases, hosts, cpusets) -> np.ndarray:
                     continue
                 first = np.nanmin(np.where(seen[:, others], r[:, others], np.inf), axis=1)
                 first[~np.isfinite(first)] = np.nan   # no other CPUs' release this step
-                behind = np.maximum(r[:, group] - first[:, None], 0.0)
+                start = first[:, None]
+                if a is not None:   # not before its own arrival (where known)
+                    start = np.where(np.isfinite(a[:, group]),
+                                     np.maximum(start, a[:, group]), start)
+                behind = np.maximum(r[:, group] - start, 0.0)
                 mean = np.nanmean(np.where(np.isfinite(behind), behind, np.nan), axis=1)
                 lags[:, group] = np.where(seen[:, group], mean[:, None], np.nan)
         lags[~(np.isfinite(lags) & (lags <= MAX_LAG))] = np.nan

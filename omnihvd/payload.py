@@ -5,8 +5,8 @@ float64 (104 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)`
 matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
-``release_lag=True`` and their arrival moments with ``arrival_lead=True`` (the
-defaults: 616 bytes in all):
+``release_lag=True`` and their arrival moments with ``arrival_lead=True`` or
+``release_lag=True`` (the defaults: 616 bytes in all):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -55,7 +55,7 @@ __all__ = ["PAYLOAD_FIELDS", "Gathered", "digest", "payload_row", "read_gathered
 PAYLOAD_FIELDS = 13  # float64 per rank per adjustment, before the per-step blocks
 # the per-step blocks (Measurement fields), in column order: "arrivals" the steps'
 # local times (balance_arrivals), "releases" their release times (release_lag),
-# "arrived_at" their arrival moments (arrival_lead)
+# "arrived_at" their arrival moments (arrival_lead or release_lag)
 STEP_BLOCKS = ("arrivals", "releases", "arrived_at")
 
 

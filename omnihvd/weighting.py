@@ -108,12 +108,13 @@ class GradientWeight:
     """The current weight, read by the hooks; a small explicit state object.
 
     ``value`` is set by the callback at the start of each step. ``refuse``: None, or
-    the message of the ConfigError a hook raises instead of weighting (the callback
-    sets it between its steps: a backward pass there gets no step's weight).
+    a function returning the message of the ConfigError a hook raises instead of
+    weighting (the callback sets it between its steps: a backward pass there gets
+    no step's weight).
 
     >>> w = GradientWeight(0.5); w(4.0)   # a hook's gradient: a tensor, here a float
     2.0
-    >>> w.refuse = "a backward pass between the steps"; w(4.0)
+    >>> w.refuse = lambda: "a backward pass between the steps"; w(4.0)
     Traceback (most recent call last):
     omnihvd.errors.ConfigError: a backward pass between the steps
     """
@@ -124,7 +125,7 @@ class GradientWeight:
 
     def __call__(self, grad):
         if self.refuse is not None:
-            raise ConfigError(self.refuse)
+            raise ConfigError(self.refuse())
         if self.value == 1.0:
             return None  # leave the gradient untouched
         return grad * self.value

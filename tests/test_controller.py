@@ -447,6 +447,8 @@ BAD_CALLS = [
     (lambda: rebalance([True, True], [1.0, 1.0], 2), ConfigError, "integers"),
     (lambda: rebalance([10, 10], [True, 1.0], 20), ConfigError, "not bools or strings"),
     (lambda: rebalance([10, 10], ["1", "2"], 20), ConfigError, "not bools or strings"),
+    (lambda: rebalance([10, 10], np.array([True, True]), 20), ConfigError, "not bools or strings"),
+    (lambda: rebalance([10, 10], np.array(["1", "2"]), 20), ConfigError, "not bools or strings"),
     (lambda: rebalance([2 ** 62, 2 ** 62], [1.0, 1.0], 2 ** 63), ConfigError, r"2\*\*53"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 2 ** 60), ConfigError, r"global_batch_size must be <= 2\*\*53"),
     (lambda: rebalance([0, 20], [1.0, 1.0], 20), ConfigError, "batch_sizes must be >= 1"),

@@ -160,3 +160,37 @@ def test_without_releases_the_cadence_keeps_none():
     cad.begin_step([30, 30])
     cad.record(0.1), cad.record_release(5.0)
     assert cad.close().releases is None
+
+
+def test_a_rank_that_arrives_after_the_others_resumed_is_not_charged_its_own_work():
+    # rank 1 (its own CPUs) sleeps after its backward pass: its gradients' allreduce
+    # completes meanwhile, rank 0 resumes at 100.000, rank 1 arrives at 100.080 and
+    # resumes 0.5 ms later. The 80 ms are in its local time already.
+    releases = [[100.000 + s, 100.0805 + s] for s in range(MIN_LAGS)]
+    arrived = [[99.990 + s, 100.080 + s] for s in range(MIN_LAGS)]
+    hosts, cpusets = [1.0, 1.0], [1.0, 2.0]
+    assert release_lags(releases, hosts, cpusets).round(4).tolist() == [[0.0, 0.0805]] * MIN_LAGS
+    lags = release_lags(releases, hosts, cpusets, arrived=arrived)
+    assert lags.round(4).tolist() == [[0.0, 0.0005]] * MIN_LAGS
+    # a rank that waited, then resumed late, is charged as before
+    waited = [[99.990 + s, 99.995 + s] for s in range(MIN_LAGS)]
+    assert release_lags(releases, hosts, cpusets, arrived=waited).round(4).tolist() == \
+        [[0.0, 0.0805]] * MIN_LAGS
+    # an unknown arrival (NaN) counts from the first release, as without arrivals
+    unknown = [[NAN, NAN]] * MIN_LAGS
+    assert release_lags(releases, hosts, cpusets, arrived=unknown).round(4).tolist() == \
+        [[0.0, 0.0805]] * MIN_LAGS
+
+
+def test_the_cadence_keeps_arrival_moments_for_the_release_lags_without_the_lead():
+    cad = Cadence(Controller(2, 60), adjust_every=4, settle_steps=0, releases=True)
+    cad.begin_step([30, 30])
+    cad.record(0.1), cad.record_arrived(5.0), cad.record_release(5.1)
+    measured = cad.close()
+    assert measured.arrived_at.tolist() == [5.0] and measured.releases.tolist() == [5.1]
+    releases = [[100.000 + s, 100.0805 + s] for s in range(MIN_LAGS)]
+    arrived = [[99.990 + s, 100.080 + s] for s in range(MIN_LAGS)]
+    cad.decide(7, [30, 30], [0.1, 0.1], [0.0, 0.0], [4, 4], releases=releases,
+               hosts=[1.0, 1.0], cpusets=[1.0, 2.0], arrived_at=arrived)
+    assert cad.controller.lag_charges().round(4).tolist() == [0.0, 0.0005]
+    assert cad.controller.arrival_lead() == 0.0   # arrived_at=False: no lead
