@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from omnihvd.tools.cli import positive
+
 MODES = ("omnihvd", "tuned", "plain", "fixed")
 
 
@@ -23,20 +25,6 @@ def callback_options(args) -> dict:
     if args.start_split is not None:
         options["initial_batch_sizes"] = args.start_split
     return options
-
-
-def positive(kind):
-    """An argparse type: one value of ``kind`` (int or float) > 0."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError("expected a positive %s, got %r"
-                                             % (kind.__name__, text))
-        return value
-    return parse
 
 
 def positive_list(kind):

@@ -604,7 +604,6 @@ class OmniLearnCallback(ScheduledSizes):
         step's time includes the wait and is dropped, with one warning (so is an
         unmarked step whose ``step()`` ``GradScaler`` skipped).
         """
-        self._drop_if_synchronized(self._optimizer)
         self._wait_boundary()
 
     def _on_step_entry(self, optimizer, args, kwargs):
@@ -619,14 +618,12 @@ class OmniLearnCallback(ScheduledSizes):
             self._update_began = time.perf_counter()
             self._released(self._update_began)
             return
-        self._drop_if_synchronized(optimizer)
         self._wait_boundary()
 
-    def _drop_if_synchronized(self, optimizer):
-        """Drop the running step's time if ``synchronize()`` already ran unmarked:
-        the time then includes waiting for the other ranks."""
-        if not (self._timer.running and not self._timer.marked
-                and synchronized_flag(optimizer)):
+    def _drop_if_synchronized(self):
+        """Drop the running step's time if ``synchronize()`` already ran before its
+        wait boundary: the time then includes waiting for the other ranks."""
+        if self._timer.marked or not synchronized_flag(self._optimizer):
             return
         self._drop_sample = True
         if not self._warned_sync:
@@ -655,9 +652,11 @@ class OmniLearnCallback(ScheduledSizes):
         self.overhead_seconds += time.perf_counter() - t0
 
     def _end_local_time(self) -> bool:
-        """Stop the timer and offer the step's time to the window; False if not running."""
+        """Stop the timer and offer the step's time to the window (dropped if it holds
+        a synchronize()); False if not running."""
         if not self._timer.running:
             return False
+        self._drop_if_synchronized()
         self._timer.mark_wait()
         self._record()
         self._timer.stop()
@@ -713,13 +712,12 @@ class OmniLearnCallback(ScheduledSizes):
                 "cb.on_batch_end() without cb.on_batch_begin() for this batch (rank %d, step "
                 "%d): its gradients did not get their batch-size weights; call "
                 "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
+        t0 = time.perf_counter()
         if self._unchecked is not None:   # cb.wrap yielded it after on_batch_begin
             batch, self._unchecked = self._unchecked, None
             self.check_batch(batch)
-        t0 = time.perf_counter()
         # no wait boundary this step: no opt.step() call (a loop without one, or a step
-        # GradScaler skipped after an unmarked opt.synchronize())
-        self._drop_if_synchronized(self._optimizer)
+        # GradScaler skipped)
         self._end_local_time()
         # a step GradScaler skipped left Horovod's flag set; step() would have cleared
         # it, and the next step must not read it as its own synchronize()

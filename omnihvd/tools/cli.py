@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "positive"]
 
 # command -> (module, one-line help)
 COMMANDS = {
@@ -18,6 +18,28 @@ COMMANDS = {
     "plot": ("omnihvd.tools.telemetry",
              "render PNG plots (batch sizes, step time vs ideal) from run logs"),
 }
+
+
+def positive(kind, what=None):
+    """An argparse ``type``: one finite value of ``kind`` (int or float) > 0, else a
+    usage error naming ``what`` (default: the kind).
+
+    >>> positive(int)("3"), positive(float, "number of seconds")("0.5")
+    (3, 0.5)
+    >>> positive(int)("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: expected a positive int, got '0'
+    """
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError("expected a positive %s, got %r"
+                                             % (what or kind.__name__, text))
+        return value
+    return parse
 
 
 def _load(name):

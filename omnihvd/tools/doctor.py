@@ -619,26 +619,18 @@ def run_checks(timeout: float = 60.0):
 
 # --------------------------------------------------------------------------- command
 
-def _positive_seconds(text: str) -> float:
-    """``--timeout``: a number of seconds > 0 (0 would fail every check)."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
-    return value
-
-
 def configure_parser(parser) -> None:
     """Add the ``omnihvd doctor`` options to an argparse parser."""
     parser.add_argument("--quiet", action="store_true",
                         help="print only problems (WARN and FAIL) and their fixes")
     parser.add_argument("--json", action="store_true",
                         help="print the checks and the raw facts as JSON")
-    parser.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="SECONDS",
+    # here, not at the top: the check process runs this file alone (runpy), outside
+    # the package
+    from .cli import positive
+
+    parser.add_argument("--timeout", type=positive(float, "number of seconds"), default=60.0,
+                        metavar="SECONDS",
                         help="time allowed to import torch/horovod/mpi4py and start "
                              "MPI (default: %(default)s)")
 
