@@ -27,6 +27,14 @@ def test_two_servers_shard_the_parameters():
     assert "ASYNC-OK updates=34 " in out, out  # workers push 12 and 22 times
 
 
+def test_each_push_is_weighted_by_its_own_batch_with_a_prefetching_loader():
+    # two loader processes cut batches ahead of the loop at older sizes, and epochs of
+    # 50 samples end in short batches: every push must carry its own batch's size
+    out = mpirun(4, EXACT, 1, "--balance", "--speeds", "1,1,3", "--loader", "2",
+                 timeout=180).stdout
+    assert "ASYNC-OK" in out, out
+
+
 def test_a_worker_that_never_trains_still_lets_the_job_end():
     # it leaves `with cb:` without on_train_begin: the servers must not wait for it
     # (idle_timeout is 120 s, past this test's limit), and it gets the final model
@@ -48,6 +56,19 @@ def test_a_failing_or_misbehaving_worker_aborts_the_job_naming_the_rank(mode, ex
     proc = mpirun(4, FAIL, mode, 1, timeout=120, check=False)
     assert proc.returncode != 0, proc.stdout
     for text in expect:
+        assert text in proc.stdout, proc.stdout[-4000:]
+
+
+def test_without_abort_a_server_that_gives_up_stops_the_waiting_workers():
+    # abort_on_exception=False: worker 1 (rank 3) raises and leaves; the others finish
+    # and wait in on_train_end() for the final parameters, which never come: the
+    # servers' idle_timeout (3 s) must end them too, not leave them waiting for ever
+    proc = mpirun(4, FAIL, "raise_noabort", 2, timeout=90, check=False)
+    assert proc.returncode != 0, proc.stdout
+    for text in ["RuntimeError: injected failure in worker 1",
+                 "TimeoutError: server rank 0 heard nothing for 3 s; workers [3]",
+                 "TimeoutError: server rank 1 heard nothing for 3 s; workers [3]",
+                 "RuntimeError: worker rank 2: server rank 0 stopped on an error"]:
         assert text in proc.stdout, proc.stdout[-4000:]
 
 

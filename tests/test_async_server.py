@@ -1,4 +1,5 @@
 """Asynchronous mode in one process: server rules, weighting, staleness, balancing, sampler."""
+import collections
 import heapq
 
 import numpy as np
@@ -287,3 +288,19 @@ def test_sampler_bad_input():
         AsyncBatchSampler(0, FakeCallback(1))
     with pytest.raises(ConfigError, match="batch_size must be an int >= 1, got None"):
         list(AsyncBatchSampler(10, FakeCallback(None)))
+    with pytest.raises(ConfigError, match="batch_size 11 is larger than the dataset"):
+        list(AsyncBatchSampler(10, FakeCallback(11)))   # it yielded empty epochs
+    assert [len(b) for b in AsyncBatchSampler(10, FakeCallback(11), drop_last=False)] == [10]
+
+
+def test_sampler_tells_the_callback_each_batch_size_as_it_hands_it_out():
+    cb = FakeCallback(4)
+    cb.sizes_handed_out = collections.deque([7, 7])   # a pass left early: never trained
+    sampler = AsyncBatchSampler(10, cb, drop_last=False)
+    batches = iter(sampler)
+    next(batches)
+    cb.batch_size = 5
+    next(batches)
+    assert list(cb.sizes_handed_out) == [4, 5]
+    next(batches)   # the short last one
+    assert list(cb.sizes_handed_out) == [4, 5, 1]

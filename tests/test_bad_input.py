@@ -181,6 +181,38 @@ def test_cli_bad_value_is_a_message_naming_it_and_exit_2(argv, option, value, tm
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("argv,message", [
+    # these ran anyway: B=0 as the default 128, --every 0 as 1, --phase-steps 0 as the
+    # default, -5 crashed in convergence(), nan/inf slowdowns blamed "model slopes"
+    (["-B", "0"], "argument --global-batch-size/-B: expected a positive int, got '0'"),
+    (["--every", "0"], "argument --every: expected a positive int, got '0'"),
+    (["--phase-steps", "-5"], "argument --phase-steps: expected a positive int, got '-5'"),
+    (["--profile", "noisy", "--slowdown", "nan"],
+     "argument --slowdown: expected a positive float, got 'nan'"),
+])
+def test_cli_simulate_refuses_what_it_ran_with_a_default(argv, message, tmp_path, monkeypatch,
+                                                         capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["simulate", "--ranks", "2", "--steps", "5"] + argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv,message", [
+    # these reported an efficiency of nan
+    (["--profile", "drift", "--drift", "nan"], "drift must be within 0..1"),
+    (["--profile", "drift", "--drift", "1e300"], "drift must be within 0..1"),
+    (["--noise", "1e200"], "noise must be one number within 0..100"),
+])
+def test_cli_simulate_refuses_values_that_made_its_figures_nan(argv, message, tmp_path,
+                                                               monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["simulate", "--ranks", "2", "--steps", "5"] + argv) == 2
+    assert message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 def test_cli_simulate_to_a_folder_it_cannot_create_exits_2(capsys):
     assert cli.main(["simulate", "--ranks", "2", "--steps", "5", "--out", "/proc/x"]) == 2
     assert "cannot create the --out folder /proc/x" in capsys.readouterr().err

@@ -32,6 +32,10 @@ def test_console_script_is_installed():
     proc = subprocess.run([omnihvd, "--help"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 0 and "doctor" in proc.stdout, proc.stdout
+    # the same command where the scripts folder is not on PATH
+    proc = subprocess.run([sys.executable, "-m", "omnihvd", "--help"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 0 and "doctor" in proc.stdout, proc.stdout
 
 
 def test_setup_is_idempotent():

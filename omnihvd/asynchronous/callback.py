@@ -31,7 +31,8 @@ no optimizer on the workers (the server applies SGD, so ``lr``, ``momentum`` and
 global batch is the sum of the workers' batches, each of which is pushed on its own.
 """
 import time
-from typing import List, Optional
+from collections import deque
+from typing import Deque, List, Optional
 
 import numpy as np
 
@@ -47,6 +48,19 @@ from .transport import Link
 from .worker import WorkerClient
 
 __all__ = ["AsyncOmniLearnCallback"]
+
+
+def _nan_as_text(value):
+    """``value`` with every float NaN in it, also in lists, replaced by ``"nan"``.
+
+    >>> _nan_as_text([float("nan"), 12.0]), _nan_as_text(0.5)
+    (['nan', 12.0], 0.5)
+    """
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, (list, tuple)):
+        return [_nan_as_text(v) for v in value]
+    return value
 
 
 class AsyncOmniLearnCallback:
@@ -169,6 +183,9 @@ class AsyncOmniLearnCallback:
             self._load(flat)
         self.worker_index = None if self.is_server else self.rank - num_servers
         self.batch_size = None if self.is_server else balancer.sizes[self.rank - num_servers]
+        # sizes of the batches AsyncBatchSampler handed out and no push has used yet,
+        # oldest first (a prefetching DataLoader runs ahead of the loop)
+        self.sizes_handed_out: Deque[int] = deque()
         self.step = 0
         self.epoch = 0
         self.history: List[dict] = []
@@ -179,10 +196,10 @@ class AsyncOmniLearnCallback:
     # ------------------------------------------------------------ helpers
 
     def _check_agreement(self, options):
-        # NaN is not equal to itself: compared as text, so that a NaN on every rank is
-        # reported as the bad value it is (checked after the agreement)
-        options = {k: "nan" if isinstance(v, float) and v != v else v
-                   for k, v in options.items()}
+        # NaN is not equal to itself: compared as text (also inside a list), so that a
+        # NaN on every rank is reported as the bad value it is (checked after the
+        # agreement)
+        options = {k: _nan_as_text(v) for k, v in options.items()}
         everyone = self.comm.allgather(options)
         for rank, theirs in enumerate(everyone):
             for key in options:
@@ -271,15 +288,19 @@ class AsyncOmniLearnCallback:
         Args:
             batch: the batch index (unused, as in the synchronous callback).
             logs: optional dict; ``logs["size"]`` (the Keras key) is the number of
-                samples the gradient averages over, for a batch shorter than
-                :attr:`batch_size` (``AsyncBatchSampler(drop_last=False)``'s last one).
-                Default: :attr:`batch_size`, what the sampler handed out.
+                samples the gradient averages over. Default: the size of the oldest
+                batch :class:`AsyncBatchSampler` handed out that no push has used yet
+                (right with a prefetching DataLoader, whose batches were cut at
+                earlier sizes, and for ``drop_last=False``'s short last batch);
+                :attr:`batch_size` for batches from another sampler.
         """
         def run():
             self._need(True, "on_batch_end")
             if not self._begun:
                 raise ConfigError("on_batch_end() before on_train_begin() on rank %d" % self.rank)
-            used = check_int("logs['size']", (logs or {}).get("size", self.batch_size), 1,
+            handed = (self.sizes_handed_out.popleft() if self.sizes_handed_out
+                      else self.batch_size)
+            used = check_int("logs['size']", (logs or {}).get("size", handed), 1,
                              "the samples of this batch", where="rank %d: " % self.rank,
                              maximum=self.global_batch_size)
             flat, size = self._client.push(self._flat_grads(), used)

@@ -25,6 +25,9 @@ Kinds, and who sends them:
   ``version``; ``batch_size`` is the batch the worker must use next.
 * ``FINAL`` (server -> worker): reply to DONE, sent once every worker is done: the
   final shard.
+* ``STOPPED`` (server -> worker): the server stopped on an error (its traceback says
+  which); a worker waiting for that server raises instead of waiting for ever. Only
+  seen with ``abort_on_exception=False``: otherwise the server aborts the whole job.
 
 :func:`decode` checks the frame (magic, kind, dtype, length); the server checks the
 content against its state (:mod:`omnihvd.asynchronous.server`).
@@ -37,14 +40,16 @@ import numpy as np
 from ..errors import OmniHvdError
 
 __all__ = [
-    "ProtocolError", "Message", "HELLO", "PUSH", "DONE", "PARAMS", "FINAL", "KIND_NAMES",
+    "ProtocolError", "Message", "HELLO", "PUSH", "DONE", "PARAMS", "FINAL", "STOPPED",
+    "KIND_NAMES",
     "DTYPES", "HEADER_FIELDS", "HEADER_BYTES", "TAG_TO_SERVER", "TAG_TO_WORKER",
     "encode", "decode", "layout_fingerprint", "shard_bounds",
 ]
 
 MAGIC = 0x4F4D4E4950530001  # "OMNIPS" + protocol version 1
-HELLO, PUSH, DONE, PARAMS, FINAL = 1, 2, 3, 4, 5
-KIND_NAMES = {HELLO: "HELLO", PUSH: "PUSH", DONE: "DONE", PARAMS: "PARAMS", FINAL: "FINAL"}
+HELLO, PUSH, DONE, PARAMS, FINAL, STOPPED = 1, 2, 3, 4, 5, 6
+KIND_NAMES = {HELLO: "HELLO", PUSH: "PUSH", DONE: "DONE", PARAMS: "PARAMS", FINAL: "FINAL",
+              STOPPED: "STOPPED"}
 # Wire code -> numpy dtype. Parameters travel as float32; the others are listed so a
 # worker sending float64 or float16 gets "wrong dtype", not "garbage".
 DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8"), 3: np.dtype("<f2"), 4: np.dtype("<i8")}
@@ -83,7 +88,7 @@ def encode(kind: int, sender: int, payload=None, *, seq: int = 0, version: int =
     """Frame one message as a ``uint8`` buffer ready for ``comm.Send``.
 
     Args:
-        kind: one of HELLO, PUSH, DONE, PARAMS, FINAL.
+        kind: one of HELLO, PUSH, DONE, PARAMS, FINAL, STOPPED.
         sender: the sender's rank.
         payload: 1-d array of a dtype in :data:`DTYPES` (None: empty float32).
         seq, version, batch_size, interval_us, layout: header fields (integers >= 0).

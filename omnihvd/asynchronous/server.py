@@ -27,8 +27,8 @@ import numpy as np
 from ..checks import check_number
 from ..errors import ConfigError
 from .balance import IntervalBalancer, staleness_scale
-from .protocol import (DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, Message, ProtocolError,
-                       encode)
+from .protocol import (DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, STOPPED, Message,
+                       ProtocolError, encode)
 
 __all__ = ["ServerCore", "serve", "summarize_staleness"]
 
@@ -230,15 +230,22 @@ def serve(core: ServerCore, link, idle_timeout: Optional[float] = None) -> dict:
     Raises:
         ProtocolError: a rejected message (see :meth:`ServerCore.handle`).
         TimeoutError: ``idle_timeout`` passed; names the workers still pending.
+        Either way every worker is first sent STOPPED, so that none waits for ever
+        for this server (the job is not aborted when ``abort_on_exception=False``).
     """
-    while not core.finished:
-        got = link.receive_any(idle_timeout)
-        if got is None:
-            raise TimeoutError("server rank %d heard nothing for %.0f s; workers %s never sent "
-                               "DONE (did one die or stop calling on_train_end()?)"
-                               % (core.rank, idle_timeout, core.pending()))
-        source, msg = got
-        for dest, buf in core.handle(msg, source):
-            link.send(dest, buf)
+    try:
+        while not core.finished:
+            got = link.receive_any(idle_timeout)
+            if got is None:
+                raise TimeoutError("server rank %d heard nothing for %.0f s; workers %s never "
+                                   "sent DONE (did one die or stop calling on_train_end()?)"
+                                   % (core.rank, idle_timeout, core.pending()))
+            source, msg = got
+            for dest, buf in core.handle(msg, source):
+                link.send(dest, buf)
+    except Exception:
+        for worker in core.workers:
+            link.send(worker, encode(STOPPED, core.rank))
+        raise
     link.wait_sends()
     return core.report()

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..checks import check_int
 from ..errors import ConfigError
-from .protocol import DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, Message, ProtocolError, encode
+from .protocol import (DONE, DTYPES, FINAL, HELLO, PARAMS, PUSH, STOPPED, Message, ProtocolError,
+                       encode)
 
 __all__ = ["WorkerClient"]
 
@@ -66,6 +67,10 @@ class WorkerClient:
 
     def _accept(self, s: int, server: int, msg: Message, kind: int):
         lo, hi = self.bounds[s], self.bounds[s + 1]
+        if msg.kind == STOPPED:
+            raise RuntimeError("worker rank %d: server rank %d stopped on an error (its "
+                               "traceback says which), so this worker stops too"
+                               % (self.rank, server))
         if msg.kind != kind or msg.sender != server:
             raise ProtocolError("worker rank %d expected %s from server rank %d, got %s from "
                                 "rank %d" % (self.rank, "PARAMS" if kind == PARAMS else "FINAL",
@@ -114,8 +119,9 @@ class WorkerClient:
 
         Returns once every worker has finished (the servers answer DONE only then),
         with the parameters after the last update of the whole job. There is no
-        timeout here: other workers may legitimately train for much longer, and a
-        rank that dies ends the whole job under mpirun.
+        timeout here: other workers may legitimately train for much longer, a rank
+        that dies ends the whole job under mpirun, and a server that stops on an
+        error (``idle_timeout``) sends STOPPED, which raises here.
         """
         for server in self.servers:
             self.link.send(server, encode(DONE, self.rank, seq=self.pushes))

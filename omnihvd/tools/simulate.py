@@ -7,7 +7,9 @@ long as the slowest rank plus a ring allreduce. Batch sizes are chosen by the co
 real run uses: :class:`omnihvd.cadence.Cadence` (the window, settle steps, the
 estimator of :mod:`omnihvd.timing` with its standard errors, when to gather, the
 noise gate, when a change takes effect) around :class:`omnihvd.controller.Controller`
-(policies, gain, dead band, bounds, integer apportioning). Every ``adjust_every``
+(policies, gain, dead band, bounds, integer apportioning); without the callback's
+release lags, arrival lead and alike ranks, which rest on real clocks and shared
+CPUs (:class:`Control`). Every ``adjust_every``
 steps the window closes, the summaries are "gathered" and the decision takes effect
 ``1 + latency_steps`` steps later (``latency_steps``: the look-ahead of a prefetching
 DataLoader, 0 without one). Ranks are numpy vectors, so 10,000 ranks run in
@@ -48,8 +50,10 @@ import numpy as np
 from ..cadence import Cadence, check_cadence
 from ..controller import (DEFAULT_DEADBAND, POLICIES, Controller, TimeModel, apportion, initial_split,
                           resolve_bounds, solve_time_model)
+from ..checks import check_int
 from ..errors import ConfigError
 from ..timing import DEFAULT_SUMMARY, SUMMARIES
+from .cli import positive
 from .levels import DYNAMIC_LEVELS, LEVEL_CORES, level_speeds
 from .metrics import ideal_step_time, split_time
 
@@ -74,6 +78,10 @@ __all__ = [
 HL_LEVELS = {name.lower(): cores for name, cores in LEVEL_CORES.items()}
 DYNAMIC_SCHEDULE = tuple(name.lower() for name in DYNAMIC_LEVELS)
 PROFILES = tuple(HL_LEVELS) + ("dynamic", "noisy", "drift")
+# Bounds that keep the random factors finite: a coefficient of variation of the
+# timing noise (log-normal: sigma 3 at 100) and the drift's log-speed step.
+MAX_CV = 100.0
+MAX_DRIFT = 1.0
 
 # Float64 fields each rank contributes to the callback's timing allgather.
 from ..payload import PAYLOAD_FIELDS as SUMMARY_FIELDS  # noqa: E402
@@ -126,14 +134,19 @@ class Cluster:
                 arr = np.asarray(value, dtype=np.float64)
             except (TypeError, ValueError):
                 arr = np.full(2, np.nan)
-            if arr.shape not in ((), (self.ranks,)) or not np.all(np.isfinite(arr) & (arr >= 0)):
-                raise ConfigError("%s must be one number >= 0 or one per rank, got %r"
-                                  % (name, value))
+            if arr.shape not in ((), (self.ranks,)) or not np.all((arr >= 0) & (arr <= MAX_CV)):
+                raise ConfigError("%s must be one number within 0..%g (a coefficient of "
+                                  "variation) or one per rank, got %r" % (name, MAX_CV, value))
 
 
 @dataclass
 class Control:
-    """The controller settings of a run; the defaults are omnihvd's.
+    """The controller settings of a run; the defaults are omnihvd's, but for three
+    of the callback's options that rest on real clocks, which simulated ranks do not
+    have: ``release_lag``, ``arrival_lead`` and ``alike_ranks`` (on by default in
+    :class:`omnihvd.OmniLearnCallback`) are off here, as if set to False. They
+    matter where ranks share CPUs (:mod:`omnihvd.lags`, :mod:`omnihvd.lead`,
+    :mod:`omnihvd.alike`), which a simulated rank's ``a_i + b_i / x_i`` does not model.
 
     Args:
         policy: ``"affine"`` or ``"proportional"`` (see :class:`Controller`).
@@ -264,11 +277,16 @@ def make_profile(name: str, ranks: int, steps: int, *, seed: int = 0, base: str 
     """
     if name not in PROFILES:
         raise ConfigError("profile must be one of %s, got %r" % (", ".join(PROFILES), name))
-    if not 0.0 <= slow_fraction <= 1.0 or slowdown <= 0 or slow_period < 1:
-        raise ConfigError("noisy profile needs 0 <= slow_fraction <= 1, slowdown > 0, "
-                          "slow_period >= 1; got %r, %r, %r" % (slow_fraction, slowdown, slow_period))
-    if drift < 0 or not 0.0 <= reversion <= 1.0:
-        raise ConfigError("drift must be >= 0 and 0 <= reversion <= 1; got %r, %r" % (drift, reversion))
+    if not (0.0 <= slow_fraction <= 1.0 and 0 < slowdown < float("inf") and slow_period >= 1):
+        raise ConfigError("noisy profile needs 0 <= slow_fraction <= 1, a finite slowdown > 0 "
+                          "and slow_period >= 1; got %r, %r, %r"
+                          % (slow_fraction, slowdown, slow_period))
+    if not (0.0 <= drift <= MAX_DRIFT and 0.0 <= reversion <= 1.0):
+        raise ConfigError("drift must be within 0..%g (a log-speed step of 1 multiplies a "
+                          "rank's speed by up to e per step) and 0 <= reversion <= 1; got %r, %r"
+                          % (MAX_DRIFT, drift, reversion))
+    if phase_steps is not None:
+        check_int("phase_steps", phase_steps, 1, "steps per level of the dynamic profile")
     rng = np.random.default_rng([seed, 1])
     if name in HL_LEVELS:
         return SpeedProfile.constant(name, hl_speeds(name, ranks))
@@ -646,16 +664,16 @@ def configure_parser(parser):
     co = Control()
     g = parser.add_argument_group("cluster")
     g.add_argument("--ranks", "-n", type=int, default=64, help="number of ranks (default 64)")
-    g.add_argument("--global-batch-size", "-B", type=int, default=None,
+    g.add_argument("--global-batch-size", "-B", type=positive(int), default=None,
                    help="global batch (default 32 per rank)")
     g.add_argument("--steps", type=int, default=1400, help="steps to simulate (default 1400)")
     g.add_argument("--profile", choices=PROFILES, default="dynamic",
                    help="speed profile (default: the paper's dynamic schedule)")
     g.add_argument("--base", choices=tuple(HL_LEVELS), default="hl1",
                    help="level under the noisy and drift profiles (default hl1)")
-    g.add_argument("--phase-steps", type=int, default=None, help="dynamic: steps per level")
+    g.add_argument("--phase-steps", type=positive(int), default=None, help="dynamic: steps per level")
     g.add_argument("--slow-fraction", type=float, default=0.1, help="noisy: fraction slowed")
-    g.add_argument("--slowdown", type=float, default=2.0, help="noisy: slow-down factor")
+    g.add_argument("--slowdown", type=positive(float), default=2.0, help="noisy: slow-down factor")
     g.add_argument("--slow-period", type=int, default=200, help="noisy: steps between re-draws")
     g.add_argument("--drift", type=float, default=0.02, help="drift: log-speed step std")
     g.add_argument("--reversion", type=float, default=0.01,
@@ -695,7 +713,7 @@ def configure_parser(parser):
     o = parser.add_argument_group("output")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--out", default="simulate-out", help="directory for JSON and PNG")
-    o.add_argument("--every", type=int, default=1, help="keep every k-th step in the JSON series")
+    o.add_argument("--every", type=positive(int), default=1, help="keep every k-th step in the JSON series")
 
 
 def run(args) -> int:

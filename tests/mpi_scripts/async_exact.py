@@ -2,7 +2,7 @@
 
 Usage::
 
-    async_exact.py NUM_SERVERS [--balance] [--speeds 1,1,3]
+    async_exact.py NUM_SERVERS [--balance] [--speeds 1,1,3] [--loader WORKERS]
 
 Each worker's "gradient" is a constant ``c_w`` (a power of two per worker, no
 dependence on the parameters), so the final parameters are fully determined by the
@@ -10,6 +10,10 @@ sequence of applied updates: every server replays its own update log in float32 
 must land bit-for-bit on the parameters it holds, and the workers' final model must
 equal the servers' shards. Workers run different numbers of steps (so they finish at
 different times) and sleep ``batch * 2 ms / speed`` per step (emulated speeds).
+With ``--loader``, workers take their batches from ``AsyncBatchSampler`` through a
+DataLoader with that many loader processes (which cut batches ahead of the loop, at
+older sizes) over a small dataset (epochs end in short batches), and every push must
+be weighted by the size of the batch it came from.
 Prints ``ASYNC-OK ...`` on rank 0 when every check passes.
 """
 import argparse
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from omnihvd.asynchronous import AsyncOmniLearnCallback
+from omnihvd.asynchronous import AsyncBatchSampler, AsyncOmniLearnCallback
 
 LR = 0.5
 B = 48
@@ -32,6 +36,9 @@ def main():
     p.add_argument("--speeds", default="1,1,3")
     p.add_argument("--idle", type=int, default=-1,
                    help="this worker enters and leaves `with cb:` without training")
+    p.add_argument("--loader", type=int, default=None,
+                   help="batches from AsyncBatchSampler through a DataLoader with this many "
+                        "loader processes")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -68,16 +75,21 @@ def main():
             w = cb.worker_index
             steps = 12 + 10 * w  # workers finish at different times
             cb.on_train_begin()
-            for step in range(steps):
+            trained = []   # each push's batch size
+            for step, batch in zip(range(steps), batches(cb, args.loader)):
                 cb.on_batch_begin(step)
                 for q in model.parameters():
                     q.grad = torch.full_like(q, 2.0 ** -w)
-                time.sleep(cb.batch_size * 0.002 / speeds[w])
-                # The last batch is a short one (as drop_last=False's is): logs["size"]
-                # says so, and the servers' replay below checks its b / B weight.
-                logs = {"size": max(1, cb.batch_size // 2)} if step == steps - 1 else None
+                time.sleep(batch * 0.002 / speeds[w])
+                # Without a loader the last batch is a short one (as drop_last=False's
+                # is): logs["size"] says so, and the servers' replay below checks its
+                # b / B weight.
+                logs = ({"size": max(1, batch // 2)} if step == steps - 1 and args.loader is None
+                        else None)
+                trained.append(logs["size"] if logs else batch)
                 cb.on_batch_end(step, logs)
-            assert cb.history[-1]["batch_size"] == logs["size"], cb.history[-1]
+            pushed = [h["batch_size"] for h in cb.history]
+            assert pushed == trained, "pushes weighted %s, batches %s" % (pushed, trained)
             cb.on_train_end()
             final = torch.cat([q.detach().reshape(-1) for q in model.parameters()]).numpy()
             result = {"pushes": steps, "final": final.copy(), "sizes": [h["batch_size"] for h in cb.history]}
@@ -105,8 +117,24 @@ def main():
             sizes = rep["batch_sizes"]
             fastest = int(np.argmax(speeds))
             assert any(d["changed"] for d in rep["decisions"]), rep["decisions"]
+            if args.loader is not None:   # loader processes on these 2 cores: only noise
+                return
             assert all(sizes[fastest] > sizes[i] for i in range(len(sizes)) if speeds[i] < speeds[fastest]), sizes
             print("ASYNC-BALANCED sizes=%s" % sizes, flush=True)
+
+
+def batches(cb, loader_workers):
+    """The size of each batch this worker trains, for ever."""
+    if loader_workers is None:
+        while True:
+            yield cb.batch_size
+    sampler = AsyncBatchSampler(50, cb, seed=0, drop_last=False)
+    loader = torch.utils.data.DataLoader(range(50), batch_sampler=sampler,
+                                         num_workers=loader_workers)
+    for epoch in range(10 ** 6):
+        sampler.set_epoch(epoch)
+        for x in loader:
+            yield len(x)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ MODE:
   duplicate   worker 1 sends the same PUSH twice (same sequence number)
   options     the last rank passes another global_batch_size (error at construction)
   model       the last rank builds another model (error at construction)
+  raise_noabort  as raise, with abort_on_exception=False: the servers give up after
+              their idle_timeout (3 s) and tell the workers, who raise too
 
 Healthy workers run thousands of 5 ms steps (tens of seconds), so a job that does
 not abort promptly runs into the test's mpirun timeout. Construction errors are
@@ -36,8 +38,11 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(5, width), torch.nn.Linear(width, 2))
     batch = 40 if (mode == "options" and last) else 32
     try:
+        noabort = mode == "raise_noabort"
         cb = AsyncOmniLearnCallback(model, global_batch_size=batch, lr=0.01,
-                                    num_servers=num_servers, balance=False, idle_timeout=300)
+                                    num_servers=num_servers, balance=False,
+                                    idle_timeout=3 if noabort else 300,
+                                    abort_on_exception=not noabort)
     except OmniHvdError as exc:
         # One write per line: ranks' output must not interleave within a line.
         sys.stdout.write("rank %d: ERROR %s: %s\n" % (rank, type(exc).__name__, exc))
@@ -49,7 +54,7 @@ def main():
             return
         cb.on_train_begin()
         x, y = torch.randn(8, 5), torch.randn(8, 2)
-        for step in range(4000):
+        for step in range(40 if noabort else 4000):
             cb.on_batch_begin()
             model.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -66,7 +71,7 @@ def inject(mode, cb):
     server = cb.servers[0]
     n = cb.bounds[1] - cb.bounds[0]
     header = dict(seq=client.pushes, version=client.versions[0], batch_size=cb.batch_size)
-    if mode == "raise":
+    if mode in ("raise", "raise_noabort"):
         raise RuntimeError("injected failure in worker %d" % cb.worker_index)
     if mode == "bad_shape":
         cb._link.send(server, encode(PUSH, cb.rank, np.zeros(n - 3, np.float32), **header))
