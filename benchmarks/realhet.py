@@ -1149,8 +1149,17 @@ def parse_args(argv=None):
     return args
 
 
+# Signals that end the harness through its clean-up (every finally: groups, processes):
+# a Ctrl-C, Slurm's or a supervisor's SIGTERM, a closed terminal or ssh session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _terminate(signum, frame):
-    raise KeyboardInterrupt("signal %d" % signum)   # runs every finally: groups, processes
+    # once: a second signal (an impatient Ctrl-C, a re-sent SIGTERM) raised inside the
+    # finally blocks would cut the clean-up short and leave the cgroups behind
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt("signal %d" % signum)
 
 
 def scenario_key(s: dict) -> tuple:
@@ -1182,7 +1191,8 @@ def main(argv=None):
         write(doc, args.out)
         print("results: %s.json, %s.md" % (args.out, args.out))
         return 0
-    signal.signal(signal.SIGTERM, _terminate)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _terminate)
     try:
         stale = cpulimits.remove_stale_groups(GROUP_PREFIX, find_cpu_controller())
         if stale:

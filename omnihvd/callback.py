@@ -42,7 +42,9 @@ or not it calls :meth:`OmniLearnCallback.on_train_end`.
 """
 import json
 import logging
+import math
 import os
+import sys
 import time
 import zlib
 from typing import Dict, List, Optional
@@ -423,9 +425,11 @@ class OmniLearnCallback(ScheduledSizes):
 
         Iterate the result instead of the loader (``for x, y in cb.wrap(loader)``):
         the time of each ``next()`` is added to the local time of the step it feeds,
-        so a rank with slow storage or few loader workers gets fewer samples. The
-        first ``next()`` of each epoch (worker start-up) is not counted, nor is
-        anything between steps that is not a ``next()``. Wrap the training loader
+        so a rank with slow storage or few loader workers gets fewer samples. A
+        step whose batch was the first of an epoch from a loader with worker
+        processes (their start-up) is not timed; nothing between steps that is not
+        a ``next()`` is counted; a batch fetched after ``on_batch_begin()`` counts
+        once, in the step's own time. Wrap the training loader
         only: a loader on one of this callback's evaluation samplers (``train=False``)
         comes back as it is, since its batches are no training step's work.
 
@@ -590,9 +594,8 @@ class OmniLearnCallback(ScheduledSizes):
             raise ConfigError("global_count normalises a sum-reduced loss: create the callback "
                               "with loss_reduction='sum' (it has %r)" % self.loss_reduction)
         value = checked_count(count, self.rank)
-        t0 = time.perf_counter()
-        gathered = self._comm.allgather([value])
-        self._timer.exclude(time.perf_counter() - t0)  # waiting for the others
+        with self._timer.excluding():   # waiting for the others
+            gathered = self._comm.allgather([value])
         return total_count(gathered, self.step)
 
     def mark_compute_end(self):
@@ -673,6 +676,8 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._recorded:
             self._recorded = True
             local = self._timer.local()
+            if local is None or not math.isfinite(local):   # work of unknown cost in it
+                self._drop_sample = True
             self.last_step_time = None if self._drop_sample else local
             if self.last_step_time is not None:
                 self.cadence.record(local)
@@ -737,9 +742,20 @@ class OmniLearnCallback(ScheduledSizes):
         """Nothing to do: adjustments run by step, independent of epochs."""
 
     def on_train_end(self, logs=None):
-        """Finish any in-flight gather and remove the hooks."""
-        self._drop_pending()
-        self._detach()
+        """Finish any in-flight gather and remove the hooks.
+
+        Called while an exception propagates (from a ``finally:`` block or
+        ``contextlib.closing(cb)``), it waits for no other rank -- the gather in
+        flight may be one the failing rank never posted -- and keeps the
+        ``abort_on_exception`` hook, so the exception still ends the whole job with
+        this rank named.
+        """
+        failing = sys.exc_info()[1] is not None
+        if failing:
+            self._pending = None
+        else:
+            self._drop_pending()
+        self._detach(keep_abort=failing)
 
     close = on_train_end
 
@@ -749,11 +765,11 @@ class OmniLearnCallback(ScheduledSizes):
             self._pending.wait()
             self._pending = None
 
-    def _detach(self):
+    def _detach(self, keep_abort: bool = False):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self._abort_handle is not None:
+        if self._abort_handle is not None and not keep_abort:
             self._abort_handle.remove()
             self._abort_handle = None
         self._weight.value, self._weight.refuse = 1.0, None

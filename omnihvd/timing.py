@@ -16,8 +16,8 @@ Four things make the local time what the rank really costs (docs/timing.rst):
   and not later: the communication stream, where the wait for peers happens, is not
   synchronised. This module never imports torch.
 * **Data loading.** :class:`TimedIterable` times each ``next()`` of a loader and adds
-  it to the step it feeds (:meth:`StepTimer.add`); the first ``next()`` of an
-  iteration, which starts the loader's workers, is not charged.
+  it to the step it feeds (:meth:`StepTimer.add`); the step fed by the first
+  ``next()`` of an iteration that starts the loader's workers is not timed.
 * **CPU quotas.** A rank that idles while it waits for peers refills its CFS quota
   and measures its unthrottled speed at small batches. With ``cpu_cores`` set (the
   quota, :mod:`omnihvd.cpuquota`), a step lasts at least its CPU time over the quota.
@@ -30,6 +30,7 @@ Four things make the local time what the rank really costs (docs/timing.rst):
 :class:`TimingWindow` holds the samples between two gathers, dropping steps right
 after a size change and garbage (NaN, negative, zero).
 """
+import contextlib
 import math
 import time
 import warnings
@@ -448,19 +449,38 @@ class StepTimer:
         self._cpu_marked = False
         self._extra = 0.0      # work before start() charged to this step (data loading)
         self._excluded = 0.0   # waiting inside the step, left out
+        self._excluded_cpu = 0.0   # the CPU seconds that waiting burned, left out too
         self.host_seconds: Optional[float] = None  # the last step's host-side time
 
     def add(self, seconds: float):
-        """Charge ``seconds`` of this rank's work (e.g. data loading) to the next step."""
+        """Charge ``seconds`` of this rank's work done outside a step's window (the
+        loader's ``next()`` before the step starts, the optimizer's update after its
+        wait) to the step it feeds: the running one, else the next.
+
+        Work while the running step's window is open (a batch fetched after
+        ``start()``) is in its wall time already and is not added again. NaN stands
+        for work of unknown cost (a loader's first ``next()``, which starts its
+        workers): the step it feeds then has no local time (NaN).
+
+        >>> clock = iter([0.0, 0.5, 1.0, 1.2]).__next__
+        >>> t = StepTimer(clock)
+        >>> t.add(0.25); t.start(); t.add(0.1); t.mark_wait(); round(t.stop(), 6)
+        0.75
+        >>> t.add(float("nan")); t.start(); t.mark_wait(); t.stop()
+        nan
+        """
+        if seconds == seconds and self._begin is not None and self._wait is None:
+            return   # inside the open window: counted by its wall time
         self._extra += seconds
 
     def discard_extra(self):
         """Forget work charged by :meth:`add` that no step has taken yet."""
         self._extra = 0.0
 
-    def exclude(self, seconds: float):
+    def exclude(self, seconds: float, cpu_seconds: float = 0.0):
         """Leave ``seconds`` out of the current step's local time: time spent inside
-        the step waiting for other ranks (e.g. a small collective before backward).
+        the step waiting for other ranks (e.g. a small collective before backward),
+        and ``cpu_seconds`` out of its CPU time (what the wait burned: MPI polls).
 
         >>> clock = iter([0.0, 0.5]).__next__
         >>> t = StepTimer(clock)
@@ -469,11 +489,33 @@ class StepTimer:
         """
         if self._begin is not None and self._wait is None:
             self._excluded += float(seconds)
+            self._excluded_cpu += float(cpu_seconds)
+
+    @contextlib.contextmanager
+    def excluding(self):
+        """Leave what runs inside the ``with`` block out of the current step's local
+        time (:meth:`exclude`): its wall time, and its CPU time, which would
+        otherwise come back through the CPU-quota floor (``cpu_cores``).
+
+        >>> clock, cpu = iter([0.0, 0.1, 0.4, 0.5]).__next__, iter([0.0, 0.1, 0.4, 0.5]).__next__
+        >>> t = StepTimer(clock, cpu_cores=0.5, cpu_clock=cpu)
+        >>> t.start()
+        >>> with t.excluding():
+        ...     pass                    # 0.3 s of waiting, busy-polling the CPU
+        >>> t.mark_wait(); round(t.stop(), 6)   # 0.2 s of work, 0.2 CPU s over 0.5 cores
+        0.4
+        """
+        wall = self._clock()
+        cpu = self._cpu_clock() if self._cpu is not None else None
+        try:
+            yield
+        finally:
+            self.exclude(self._clock() - wall, 0.0 if cpu is None else self._cpu_clock() - cpu)
 
     def start(self, at: Optional[float] = None):
         self._begin = self._clock() if at is None else at
         self._wait = None
-        self._excluded = 0.0
+        self._excluded = self._excluded_cpu = 0.0
         self.host_seconds = None
         self._cpu = self._cpu_clock() if self.cpu_cores else None
         self._cpu_marked = False
@@ -512,28 +554,30 @@ class StepTimer:
         seconds = end - self._begin - self._excluded
         if self._cpu is not None and self.cpu_cores:
             cpu = self._cpu if self._cpu_marked else self._cpu_clock() - self._cpu
-            seconds = max(seconds, cpu / self.cpu_cores)
+            seconds = max(seconds, (cpu - self._excluded_cpu) / self.cpu_cores)
         return seconds + self._extra
 
     def stop(self) -> Optional[float]:
         local = self.local()
         if local is not None:
             self._begin = self._wait = self._cpu = None
-            self._extra = self._excluded = 0.0
+            self._extra = self._excluded = self._excluded_cpu = 0.0
         return local
 
 
 class TimedIterable:
     """An iterable (a DataLoader) whose every ``next()`` is charged to ``charge``.
 
-    The first ``next()`` of each iteration is not charged: it creates the loader's
-    iterator and worker processes and fills their prefetch queues, a one-off cost
-    per epoch rather than a per-step rate. Time between steps that is not a
+    The first ``next()`` of each iteration of a loader with worker processes
+    (``num_workers > 0``) is charged as NaN, so that the step it feeds is not timed:
+    it waits for the workers to start (or, persistent, to refill their prefetch
+    queues), a one-off cost per epoch rather than a per-step rate. Without workers
+    it is an ordinary batch and charged as such. Time between steps that is not a
     ``next()`` (evaluation, checkpoints, logging on rank 0) is never charged.
 
     Args:
         iterable: what to iterate (``len()`` is passed through).
-        charge: called with the seconds each ``next()`` took.
+        charge: called with the seconds each ``next()`` took (NaN: unknown).
         restart: called when a new iteration begins (drops charges of an iteration
             left early, e.g. by ``break``).
         seen: called with each item before it is yielded (the callback checks its
@@ -544,7 +588,7 @@ class TimedIterable:
     >>> clock = iter([0.0, 1.0, 1.0, 1.5, 2.0, 2.25, 3.0]).__next__
     >>> data = TimedIterable([10, 20, 30], seen.append, clock=clock)
     >>> list(data), seen
-    ([10, 20, 30], [0.5, 0.25])
+    ([10, 20, 30], [1.0, 0.5, 0.25])
     """
 
     def __init__(self, iterable: Iterable, charge: Callable[[float], None],
@@ -569,7 +613,8 @@ class TimedIterable:
         if self._restart is not None:
             self._restart()
         it = iter(self.iterable)
-        first = True
+        # a loader's workers start (or refill) during its first next()
+        starting = (getattr(self.iterable, "num_workers", 0) or 0) > 0
         while True:
             begin = self._clock()
             try:
@@ -577,9 +622,8 @@ class TimedIterable:
             except StopIteration:
                 return
             elapsed = self._clock() - begin
-            if not first:
-                self._charge(elapsed)
-            first = False
+            self._charge(float("nan") if starting else elapsed)
+            starting = False
             if self._seen is not None:
                 self._seen(item)
             yield item

@@ -51,6 +51,9 @@ def test_a_worker_that_never_trains_still_lets_the_job_end():
                    "shard has 23 elements, expected 26", "; aborting the job"]),
     ("duplicate", ["server rank 0 rejected PUSH from worker rank 2: sequence number 1, expected "
                    "2: an update was a repeat"]),
+    # not Exceptions: they left `with cb:` unreported and the job waited idle_timeout
+    ("interrupt", ["omnihvd: rank 2 (worker 1) raised KeyboardInterrupt; aborting the job"]),
+    ("exit", ["omnihvd: rank 2 (worker 1) raised SystemExit: 0; aborting the job"]),
 ])
 def test_a_failing_or_misbehaving_worker_aborts_the_job_naming_the_rank(mode, expect):
     proc = mpirun(4, FAIL, mode, 1, timeout=120, check=False)

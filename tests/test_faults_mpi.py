@@ -23,8 +23,9 @@ STARTUP_S = 300
 pytestmark = pytest.mark.mpi
 
 
-def run_job(*args, np=3, env=None):
-    """Run fault_train.py under mpirun; return (exit code, output, seconds from failure to exit).
+def run_job(*args, np=3, env=None, script=SCRIPT):
+    """Run ``script`` (fault_train.py) under mpirun; return (exit code, output, seconds
+    from failure to exit).
 
     The job must end within EXIT_BOUND_S of the failing rank's "failing" line (and
     start within STARTUP_S); otherwise every process of its session (mpirun and its
@@ -32,7 +33,7 @@ def run_job(*args, np=3, env=None):
     fails, so a hang leaves nothing behind.
     """
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none",
-           sys.executable, SCRIPT] + [str(a) for a in args]
+           sys.executable, script] + [str(a) for a in args]
     proc = subprocess.Popen(cmd, env=mpi_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, failed_at = [], []
@@ -86,6 +87,14 @@ def test_raise_while_others_wait_in_mpi4py_collective_names_the_rank():
     # mpirun's own banner names the rank too, but OpenMPI 4.1 sometimes fails to
     # print it ("ORTE_ERROR_LOG: Data unpack would read past end of buffer").
     assert "MPI_ABORT was invoked on rank 2" in out or "ORTE_ERROR_LOG" in out, out
+
+
+@pytest.mark.parametrize("transport", ["horovod", "mpi"])
+def test_on_train_end_in_a_finally_block_keeps_the_abort_and_waits_for_no_one(transport):
+    rc, out, _ = run_job(transport, script=os.path.join(ROOT, "tests", "mpi_scripts",
+                                                        "fault_finally.py"))
+    assert rc != 0, out
+    assert "omnihvd: rank 1 raised RuntimeError: injected failure on rank 1 at step 9" in out, out
 
 
 def test_killed_rank_ends_job_and_is_named():

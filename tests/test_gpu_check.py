@@ -37,6 +37,32 @@ def test_fails_when_the_workloads_cannot_tell_the_timers_apart():
     assert not passed and "cannot tell the timers apart" in lines[-1]
 
 
+def with_peer_wait(omni_small, wide_small, wait=0.05):
+    m = medians(8.4)
+    for name, events in (("n=1", 1.0), ("n=2", 8.0)):
+        m[name].update(cuda_events=events * 1e-3, omnihvd=m[name]["omnihvd"] * 1e-3,
+                       host_only=m[name]["host_only"] * 1e-3, device_wide=events * 1e-3 + wait)
+    m["n=1"].update(omnihvd=omni_small, device_wide=wide_small)
+    return m
+
+
+def test_passes_when_omnihvd_leaves_out_the_peer_wait_that_the_whole_device_sync_waits_for():
+    passed, rows, lines = check.verdict(with_peer_wait(0.0011, 0.051), peer_wait=0.05)
+    assert passed and lines[-2].startswith("PASS") and lines[-1].startswith("PASS: omnihvd left")
+    assert [r[0] for r in rows] == ["cuda_events", "omnihvd", "host_only", "device_wide"]
+
+
+def test_fails_when_omnihvd_waits_for_the_peers_stream():
+    # torch.cuda.synchronize() as the sync (what the docs forbid): the ratio may even hold
+    passed, _, lines = check.verdict(with_peer_wait(0.0505, 0.051), peer_wait=0.05)
+    assert not passed and "includes the peer wait" in lines[-1]
+
+
+def test_fails_when_the_peer_wait_never_held_the_device():
+    passed, _, lines = check.verdict(with_peer_wait(0.0011, 0.0012), peer_wait=0.05)
+    assert not passed and "cannot tell the syncs apart" in lines[-1]
+
+
 def test_needs_exactly_two_workloads():
     with pytest.raises(ValueError, match="two workloads"):
         check.verdict({"a": medians(8.0)["n=1"]})

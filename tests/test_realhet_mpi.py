@@ -3,10 +3,13 @@ from outside and re-pinned after the first epoch, every mode; the JSON and table
 exist and the harness left no process or cgroup behind. No timing assertions."""
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
-from mpirun import ROOT, mpi_env, run_bounded
+from mpirun import ROOT, kill_session, mpi_env, run_bounded
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import realhet  # noqa: E402
@@ -105,6 +108,47 @@ def test_realhet_quota_run_cleans_up_its_groups(tmp_path):
     assert [v["split"] for v in s["seeded"]] == [[5, 11], [11, 5]]
     assert "mode `seeded`" in table
     assert _leftovers(s["runs"]) == ([], [])
+
+
+@pytest.mark.parametrize("first,second", [(signal.SIGHUP, None), (signal.SIGINT, signal.SIGINT),
+                                          (signal.SIGTERM, signal.SIGTERM)])
+def test_realhet_signalled_removes_its_groups_and_ranks(tmp_path, first, second):
+    # A closed terminal (SIGHUP) killed the harness at once and left mpirun, the ranks
+    # and the groups; a second signal 20-30 ms after the first cut the clean-up short
+    # (5 of 5 tries left every group), while it said they were removed.
+    try:
+        cpu = realhet.find_cpu_controller().mount   # where the harness makes its groups
+    except realhet.CpuLimitError as exc:
+        pytest.skip(str(exc))
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root")
+    cmd = [sys.executable, HARNESS, "--scenarios", "q=quota=0.9,0.4", "--repeats", "1",
+           "--steps", "400", "--batch-per-rank", "8", "--modes", "plain", "--retries", "0",
+           "--out", str(tmp_path / "sig")]
+    env = mpi_env()
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    prefix = "%s%d-" % (realhet.GROUP_PREFIX, proc.pid)
+    try:
+        deadline, ranks = time.monotonic() + 200, []
+        while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)   # until both ranks are in their groups
+            groups = [os.path.join(cpu, g) for g in os.listdir(cpu) if g.startswith(prefix)]
+            ranks = [int(pid) for g in groups for pid in open(os.path.join(g, "cgroup.procs"))]
+        assert len(ranks) == 2, "the ranks never entered their groups"
+        proc.send_signal(first)
+        if second is not None:
+            time.sleep(0.02)
+            proc.send_signal(second)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc.pid)
+            proc.wait()
+    assert proc.returncode != 0 and "interrupted (signal %d)" % first in out, out[-4000:]
+    assert [g for g in os.listdir(cpu) if g.startswith(prefix)] == [], out[-4000:]
+    assert [p for p in ranks if _alive(p)] == [], out[-4000:]
 
 
 def test_realhet_reports_a_failed_run_and_cleans_up(tmp_path):

@@ -94,7 +94,8 @@ class AsyncOmniLearnCallback:
         idle_timeout: seconds a server waits without any message, or a worker for a
             reply, before declaring the job broken (None: forever).
         abort_on_exception: as for :class:`omnihvd.OmniLearnCallback`: an exception
-            inside a hook, :meth:`serve` or the ``with cb:`` block prints its
+            (``KeyboardInterrupt`` and ``SystemExit`` included) inside a hook,
+            :meth:`serve` or the ``with cb:`` block prints its
             traceback and ``omnihvd: rank R (worker k) raised ...; aborting the job``
             and aborts the whole job (other ranks would otherwise wait forever);
             False re-raises instead (for debugging). Default (None): True, since
@@ -236,7 +237,7 @@ class AsyncOmniLearnCallback:
     def _guard(self, fn, *args):
         try:
             return fn(*args)
-        except Exception as exc:
+        except BaseException as exc:   # Ctrl-C and sys.exit() too: the others would wait
             if self.abort_on_exception:
                 fail_job(self.rank, exc, role=self.role, comm=self.comm)
             raise
@@ -333,7 +334,9 @@ class AsyncOmniLearnCallback:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is not None and self.abort_on_exception and isinstance(exc, Exception):
+        # any exception, Ctrl-C (KeyboardInterrupt) and sys.exit() included: a rank
+        # that leaves the protocol early leaves the others waiting for it
+        if exc is not None and self.abort_on_exception:
             fail_job(self.rank, exc, role=self.role, comm=self.comm)
         # a worker that never trained still says it is done, or the servers wait for it
         if exc is None and self.is_worker and not self._ended:

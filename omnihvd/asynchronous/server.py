@@ -243,7 +243,7 @@ def serve(core: ServerCore, link, idle_timeout: Optional[float] = None) -> dict:
             source, msg = got
             for dest, buf in core.handle(msg, source):
                 link.send(dest, buf)
-    except Exception:
+    except BaseException:   # Ctrl-C on the server too
         for worker in core.workers:
             link.send(worker, encode(STOPPED, core.rank))
         raise

@@ -10,6 +10,8 @@ MODE:
   duplicate   worker 1 sends the same PUSH twice (same sequence number)
   options     the last rank passes another global_batch_size (error at construction)
   model       the last rank builds another model (error at construction)
+  interrupt   worker 1 raises KeyboardInterrupt (Ctrl-C) at its 3rd step
+  exit        worker 1 calls sys.exit(0) at its 3rd step
   raise_noabort  as raise, with abort_on_exception=False: the servers give up after
               their idle_timeout (3 s) and tell the workers, who raise too
 
@@ -73,6 +75,10 @@ def inject(mode, cb):
     header = dict(seq=client.pushes, version=client.versions[0], batch_size=cb.batch_size)
     if mode in ("raise", "raise_noabort"):
         raise RuntimeError("injected failure in worker %d" % cb.worker_index)
+    if mode == "interrupt":
+        raise KeyboardInterrupt
+    if mode == "exit":
+        sys.exit(0)
     if mode == "bad_shape":
         cb._link.send(server, encode(PUSH, cb.rank, np.zeros(n - 3, np.float32), **header))
     elif mode == "duplicate":
