@@ -14,7 +14,6 @@ the callback's current one. The sampler therefore tells the callback each batch'
 size as it hands it out (``callback.sizes_handed_out``), and the callback weights
 each push by the size of its own batch, oldest first.
 """
-
 from typing import Iterator, List
 
 import numpy as np

@@ -128,15 +128,18 @@ class Cluster:
                     and (value > lowest if strict else value >= lowest)):
                 raise ConfigError("%s must be a finite number %s 0, got %r"
                                   % (name, ">" if strict else ">=", value))
-        for name in ("noise", "unseen"):
+        for name, most, what in (("noise", MAX_CV, "number within 0..%g (a coefficient of "
+                                  "variation)" % MAX_CV), ("unseen", math.inf,
+                                                           "finite number >= 0")):
             value = getattr(self, name)
             try:
                 arr = np.asarray(value, dtype=np.float64)
             except (TypeError, ValueError):
                 arr = np.full(2, np.nan)
-            if arr.shape not in ((), (self.ranks,)) or not np.all((arr >= 0) & (arr <= MAX_CV)):
-                raise ConfigError("%s must be one number within 0..%g (a coefficient of "
-                                  "variation) or one per rank, got %r" % (name, MAX_CV, value))
+            if arr.shape not in ((), (self.ranks,)) or not np.all(
+                    np.isfinite(arr) & (arr >= 0) & (arr <= most)):
+                raise ConfigError("%s must be one %s or one per rank, got %r"
+                                  % (name, what, value))
 
 
 @dataclass
