@@ -439,8 +439,17 @@ class OmniLearnCallback(ScheduledSizes):
         that does not cut the sampler's sizes, is a ConfigError instead of a silently
         wrong gradient. Pass ``check=False`` for batches whose first tensor's first
         dimension is not the sample count (time-major sequences).
+
+        Raises:
+            ConfigError: a DataLoader with ``in_order=False`` (its batches would not
+                come in the order of the steps they were cut for).
         """
         check_flag("check", check)
+        if getattr(loader, "num_workers", 0) and getattr(loader, "in_order", True) is False:
+            raise ConfigError("DataLoader(in_order=False) yields batches as its workers finish "
+                              "them, not in the sampler's order: a step could train another "
+                              "step's batch, weighted with that step's sizes; omnihvd's sampler "
+                              "needs in_order=True (the default)")
         sampler = getattr(loader, "batch_sampler", None)
         if sampler in self.schedule.samplers and not sampler.train:
             return loader

@@ -59,14 +59,17 @@ Gathers
     after the last one, so a rank that leaves the loop first leaves nothing behind
     for a slower one.
 
-Not covered: gradient accumulation with ``model.no_sync()`` (the hook sees only
-the accumulated bucket; such steps are not timed and the weights assume one
-backward per step), and :meth:`report_oom` (a rank whose backward fails leaves its
-peers in DDP's allreduce; the job is then ended by ``abort_on_exception``).
+Not covered: gradient accumulation across loader steps with ``model.no_sync()``
+(the hook sees only the accumulated bucket and weights it with the synced step's
+sizes, so the gradient is exact only while the split does not change between the
+steps it sums -- 2.06 off at one that did; such steps are not timed either), and
+:meth:`report_oom` (a rank whose backward fails leaves its peers in DDP's allreduce;
+the job is then ended by ``abort_on_exception``). ``no_sync()`` within one step (one
+``on_batch_begin``/``on_batch_end`` pair around the micro-batches) is exact.
 """
 import logging
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .callback import OmniLearnCallback
 from .comm import TorchDistComm, hold_past_exit
@@ -79,6 +82,19 @@ from .weighting import GradientWeight
 __all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
 
 log = logging.getLogger("omnihvd")
+
+
+def comm_hook_name(model) -> Optional[str]:
+    """The name of the communication hook registered on a DDP ``model`` -- a Python
+    one or a built-in one (``_register_builtin_comm_hook``), which DDP records only
+    in its logging data -- or None."""
+    hooks = getattr(model, "_comm_hooks", None)
+    if hooks:
+        return ", ".join(getattr(h, "__name__", repr(h)) for h, _ in hooks)
+    try:
+        return model._get_ddp_logging_data().get("comm_hook") or None
+    except Exception:   # a torch without it: Python hooks were checked above
+        return None
 
 
 class WeightedAllreduceState:
@@ -225,6 +241,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                               "DDPOmniLearnCallback (torchrun sets its environment)")
         self._hook_state: Optional[WeightedAllreduceState] = None
         self._warned_no_bucket = False
+        self._buckets_rebuilt = getattr(model, "_has_rebuilt_buckets", None)
+        self._watched = None   # (parameter, its version at the step's last bucket)
         # A DDP model's group; the default group otherwise, so that the check of the
         # model fails on every rank together.
         comm = TorchDistComm(getattr(model, "process_group", None))
@@ -239,6 +257,16 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             raise ConfigError("model must be a torch.nn.parallel.DistributedDataParallel, got %s; "
                               "wrap it: model = DistributedDataParallel(net) (with "
                               "device_ids=[local_rank] on GPUs)" % type(model).__name__)
+        self._refuse_other_comm_hook(model)
+        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
+            log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
+                        "(broadcast_buffers=True), a collective inside the timed window; pass "
+                        "broadcast_buffers=False to DistributedDataParallel", self.rank)
+        return True  # the hook's weight is n * b_i / B, as for an averaging allreduce
+
+    @staticmethod
+    def _refuse_other_comm_hook(model):
+        """ConfigError when ``model`` has a communication hook: DDP takes one, for good."""
         hooks = getattr(model, "_comm_hooks", None)
         if hooks and any(h is weighted_allreduce_hook for h, _ in hooks):
             raise ConfigError("this DDP model already carries the hook of an earlier "
@@ -246,21 +274,24 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                               "model for good: keep using that callback (on_train_end() then "
                               "on_train_begin() starts it again), or wrap the network in a new "
                               "DistributedDataParallel")
-        if hooks:
+        name = comm_hook_name(model)
+        if name:
             raise ConfigError("the DDP model already has a communication hook (%s); DDP allows one "
                               "and omnihvd's applies the batch-size weights: register none of "
-                              "your own" % ", ".join(getattr(h, "__name__", repr(h))
-                                                     for h, _ in hooks))
-        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
-            log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
-                        "(broadcast_buffers=True), a collective inside the timed window; pass "
-                        "broadcast_buffers=False to DistributedDataParallel", self.rank)
-        return True  # the hook's weight is n * b_i / B, as for an averaging allreduce
+                              "your own" % name)
+
+    def _fingerprint(self):
+        fp = super()._fingerprint()
+        # a hook registered since the constructor (by the user, or by another callback
+        # on this model that started first), compared here so that every rank refuses it
+        fp["comm_hook"] = None if self._hook_state is not None else comm_hook_name(self._model)
+        return fp
 
     def _install_hooks(self) -> list:
         # DDP takes one comm hook per model, for good: register it on the first
         # on_train_begin and only switch its timing mark on and off afterwards.
         if self._hook_state is None:
+            self._refuse_other_comm_hook(self._model)   # the same on every rank (agreed)
             state = WeightedAllreduceState(self._model.process_group, self._gradient_weight)
             self._model.register_comm_hook(state, weighted_allreduce_hook)
             self._hook_state = state
@@ -271,7 +302,25 @@ class DDPOmniLearnCallback(OmniLearnCallback):
     def _on_last_bucket(self, device):
         # The wait boundary: the timer's device_sync ("auto": the model's compute
         # streams, never NCCL's) runs here, and a gather is posted when one is due.
+        rebuilt = getattr(self._model, "_has_rebuilt_buckets", None)
+        if rebuilt != self._buckets_rebuilt:
+            # DDP rebuilt its buckets in this step's forward (once, in the second
+            # iteration), broadcasting their layout: a wait for the peers in the window
+            self._buckets_rebuilt = rebuilt
+            self._discard_step_time()
+        # a parameter with a gradient, to tell whether opt.step() has run since
+        # (checkpoints), as Horovod's optimizer hooks tell the other callback
+        self._watched = next(((p, p._version) for p in self._model.parameters()
+                              if p.grad is not None), None)
         self.mark_compute_end()
+
+    def state_dict(self) -> Dict:
+        """As :meth:`OmniLearnCallback.state_dict`; whether ``opt.step()`` has run
+        since this step's backward is read from a parameter's version counter (the
+        callback does not see a DDP loop's optimizer)."""
+        if self._watched is not None and self._watched[0]._version != self._watched[1]:
+            self._updated = True
+        return super().state_dict()
 
     # --------------------------------------------------------------- hooks
     def on_batch_end(self, batch=None, logs=None):
@@ -283,6 +332,10 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             if not self._warned_no_bucket:
                 self._warned_no_bucket = True
                 log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "
-                            "is not used (model.no_sync() accumulation is not supported)",
-                            self.rank, self.step)
+                            "is not used, and if the loop accumulates gradients over steps with "
+                            "model.no_sync(), the sum is weighted with the synced step's sizes: "
+                            "wrong whenever the split changes between them (put one "
+                            "on_batch_begin/on_batch_end pair around all the micro-batches of "
+                            "an optimizer step instead)", self.rank, self.step)
         super().on_batch_end(batch, logs)
+        self._watched = None

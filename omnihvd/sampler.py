@@ -105,6 +105,7 @@ class HeterogeneousBatchSampler(Sampler):
             self.train = schedule.register_sampler(self, train)
         self._resume_step = 0      # step of the epoch to start from (after a resume)
         self._epoch_base: Optional[int] = None  # global step of the epoch's step 0
+        self._pass_start: Optional[int] = None  # where the epoch's latest pass started
 
     # -------------------------------------------------------------- geometry
     @property
@@ -126,16 +127,22 @@ class HeterogeneousBatchSampler(Sampler):
         return self.num_samples // self.global_batch_size + (1 if self._partial() else 0)
 
     def __len__(self) -> int:
-        return self.steps_per_epoch - self._resume_step
+        """Steps of the epoch's current pass (from a resume position: the rest). The
+        same all through the pass, also once a prefetching DataLoader has drawn its
+        last batch ahead of the loop."""
+        start = self._resume_step if self._pass_start is None else self._pass_start
+        return self.steps_per_epoch - start
 
     # --------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int):
-        """Choose the epoch's permutation. Keeps a resume position only for its own epoch."""
+        """Choose the epoch's permutation. Keeps a resume position only for its own
+        epoch, and the position of a pass in progress when called again with its
+        epoch."""
         epoch = check_int("epoch", epoch, 0)   # np.int64 from np.arange works too
         if epoch != self.epoch:
             self._resume_step = 0
+            self._epoch_base = self._pass_start = None
         self.epoch = epoch
-        self._epoch_base = None
 
     def order(self) -> torch.Tensor:
         """The epoch's global order of sample indices (identical on every rank)."""
@@ -150,7 +157,7 @@ class HeterogeneousBatchSampler(Sampler):
         B = self.global_batch_size
         rank = self.schedule.rank
         full_steps = self.num_samples // B
-        start = self._resume_step
+        start = self._pass_start = self._resume_step
         base = self.schedule.current_step - start
         if self.train:
             self._epoch_base = base
@@ -180,23 +187,26 @@ class HeterogeneousBatchSampler(Sampler):
     def state_dict(self) -> Dict:
         """Epoch and position, to resume mid-epoch (also on a different rank count)."""
         return {"epoch": self.epoch, "step_in_epoch": self.position(), "seed": self.seed,
-                "num_samples": self.num_samples, "global_batch_size": self.global_batch_size}
+                "num_samples": self.num_samples, "global_batch_size": self.global_batch_size,
+                "shuffle": self.shuffle, "drop_last": self.drop_last}
 
     def load_state_dict(self, state: Dict):
         """Resume: the next iteration of ``state['epoch']`` continues where it stopped.
 
         Raises:
-            ConfigError: the checkpoint was made with another dataset length, seed or
-                global batch size, so positions would not mean the same samples.
+            ConfigError: the checkpoint was made with another dataset length, seed,
+                global batch size, ``shuffle`` or ``drop_last``, so positions would not
+                mean the same samples.
         """
         if not isinstance(state, dict):
             raise ConfigError("not a HeterogeneousBatchSampler state_dict: expected a dict, got %s"
                               % type(state).__name__)
-        for key in ("num_samples", "seed", "global_batch_size"):
+        # shuffle and drop_last: absent in older checkpoints, then not compared
+        for key in ("num_samples", "seed", "global_batch_size", "shuffle", "drop_last"):
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError("sampler checkpoint has %s=%r but this run has %r; resume with "
-                                  "the same dataset, seed and global batch size"
-                                  % (key, state[key], getattr(self, key)))
+                                  "the same dataset, seed, global batch size, shuffle and "
+                                  "drop_last" % (key, state[key], getattr(self, key)))
         step, epoch = (check_int(key, state.get(key), 0,
                                  where="not a HeterogeneousBatchSampler state_dict: ")
                        for key in ("step_in_epoch", "epoch"))
@@ -208,5 +218,5 @@ class HeterogeneousBatchSampler(Sampler):
                               % (step, most))
         self.epoch = epoch
         self._resume_step = min(step, self.steps_per_epoch)
-        self._epoch_base = None
+        self._epoch_base = self._pass_start = None
 

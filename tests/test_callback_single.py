@@ -602,6 +602,16 @@ def test_wrap_times_the_training_loader_and_leaves_an_evaluation_loader_as_it_is
     assert len(list(cb.wrap(train_loader))) == len(train_loader)
 
 
+def test_wrap_refuses_a_loader_that_yields_batches_out_of_order(data):
+    # in_order=False: a step trained another step's batch with this step's weights
+    # (0.091 off a single-process replay over a run), silently without cb.wrap
+    model, opt, cb = build()
+    loader = DataLoader(data, batch_sampler=omnihvd.HeterogeneousBatchSampler(N, cb),
+                        num_workers=2, in_order=False)
+    with pytest.raises(ConfigError, match="in_order=False"):
+        cb.wrap(loader)
+
+
 def test_a_loop_that_fetches_after_on_batch_begin_is_kept(data):
     model, opt, cb, batches = started(data)
     for _ in range(4):

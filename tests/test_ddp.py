@@ -169,6 +169,49 @@ def test_a_step_without_allreduce_is_not_timed(world_of_one):
     cb.on_train_end()
 
 
+def test_the_step_in_which_ddp_rebuilds_its_buckets_is_not_timed(world_of_one):
+    # DDP's second forward rebuilds the buckets and broadcasts their layout over the
+    # group: a wait for the peers inside the window (a fast rank read 23.3 ms there
+    # against 1 ms at every other step, and the first decision moved the wrong way)
+    import omnihvd
+
+    model = torch.nn.parallel.DistributedDataParallel(_net(), bucket_cap_mb=0.0005)
+    cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=8)
+    cb.on_train_begin()
+    timed = []
+    for _ in range(4):
+        cb.on_batch_begin()
+        model(torch.randn(8, 6, dtype=torch.float64)).pow(2).mean().backward()
+        cb.on_batch_end()
+        timed.append(cb.last_step_time is not None)
+    cb.on_train_end()
+    assert model._has_rebuilt_buckets and timed == [True, False, True, True]
+
+
+def test_state_dict_between_opt_step_and_on_batch_end_is_refused(world_of_one):
+    # as for OmniLearnCallback: the model holds the step's update, the step is not
+    # counted, so a resume would run it again (DDP's callback does not see the
+    # optimizer; it returned the state)
+    import omnihvd
+    from omnihvd.errors import ConfigError
+
+    model = torch.nn.parallel.DistributedDataParallel(_net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=8)
+    cb.on_train_begin()
+    for step in range(2):
+        cb.on_batch_begin()
+        opt.zero_grad()
+        model(torch.randn(8, 6, dtype=torch.float64)).pow(2).mean().backward()
+        assert cb.state_dict()["step"] == step   # before the update: a clean point
+        opt.step()
+        with pytest.raises(ConfigError, match="between opt.step"):
+            cb.state_dict()
+        cb.on_batch_end()
+        assert cb.state_dict()["step"] == step + 1
+    cb.on_train_end()
+
+
 def test_errors_without_a_process_group_or_ddp_model(world_of_one):
     import omnihvd
     from omnihvd.errors import ConfigError

@@ -38,6 +38,9 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank():
                "initial-sizes-one-rank": ("rank 2", "initial_batch_sizes"),
                "not-ddp": ("DistributedDataParallel",),
                "own-hook-one-rank": ("rank 0", "communication hook"),
+               "builtin-hook": ("communication hook", "BuiltinCommHookType.ALLREDUCE"),
+               "hook-after-construction-one-rank": ("comm_hook", "rank 0 has 'allreduce_hook'"),
+               "two-callbacks-one-model": ("hook of an earlier DDPOmniLearnCallback",),
                "batch-mismatch": ("global_batch_size",),
                "sampler-seed-mismatch": ("samplers",)}
     for name, words in needles.items():

@@ -352,7 +352,7 @@ def test_state_before_iterating_and_after_the_epoch():
     run_epoch(samplers, 0)
     state = samplers[0].state_dict()
     assert state == {"epoch": 0, "step_in_epoch": 6, "seed": 0, "num_samples": 30,
-                     "global_batch_size": 5}
+                     "global_batch_size": 5, "shuffle": True, "drop_last": True}
     # resuming a finished epoch yields nothing more for it, then the next epoch is whole
     fresh = world(30, lambda r: StaticSchedule([2, 3], r), 2)
     for s in fresh:
@@ -360,6 +360,41 @@ def test_state_before_iterating_and_after_the_epoch():
         s.set_epoch(0)
     assert run_epoch(fresh) == []
     assert len(run_epoch(fresh, 1)) == 6
+
+
+def test_set_epoch_again_mid_pass_keeps_the_position():
+    # it reset the position to 0 while the loop was at step 3: a checkpoint then would
+    # have rerun those 3 steps' samples
+    samplers = world(30, lambda r: StaticSchedule([2, 3], r), 2)
+    run_epoch(samplers, 0, max_steps=3)
+    for s in samplers:
+        s.set_epoch(0)
+    assert samplers[0].state_dict()["step_in_epoch"] == 3
+
+
+def test_length_of_a_resumed_pass_holds_while_a_prefetching_loader_runs_ahead():
+    # a DataLoader with workers draws the last batches ahead of the loop: len() went
+    # from the pass's 4 steps to the whole epoch's 6 once the generator was exhausted
+    state = {"epoch": 0, "step_in_epoch": 2, "seed": 0, "num_samples": 30,
+             "global_batch_size": 5}
+    sampler = world(30, lambda r: StaticSchedule([2, 3], r), 1)[0]
+    sampler.load_state_dict(state)
+    sampler.set_epoch(0)
+    assert len(sampler) == 4
+    drawn = list(sampler)          # all drawn ahead, none trained yet
+    assert len(drawn) == 4 and len(sampler) == 4
+    sampler.set_epoch(1)
+    assert len(sampler) == 6
+
+
+@pytest.mark.parametrize("option", ["shuffle", "drop_last"])
+def test_a_checkpoint_of_another_shuffle_or_drop_last_is_refused(option):
+    # with another shuffle, 5 of 20 samples of the interrupted epoch ran twice, 5 never
+    made = world(30, lambda r: StaticSchedule([2, 3], r), 1)[0]
+    run_epoch([made], 0, max_steps=2)
+    other = world(30, lambda r: StaticSchedule([2, 3], r), 1, **{option: not getattr(made, option)})[0]
+    with pytest.raises(ConfigError, match="sampler checkpoint has %s=" % option):
+        other.load_state_dict(made.state_dict())
 
 
 def test_a_finished_epoch_resumes_as_finished_where_its_partial_step_no_longer_fits():

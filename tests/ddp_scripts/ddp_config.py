@@ -42,6 +42,24 @@ def scenario(name):
 
             model.register_comm_hook(None, default_hooks.allreduce_hook)
         cb = omnihvd.DDPOmniLearnCallback(model, 12)
+    elif name == "builtin-hook":   # DDP records built-in hooks outside _comm_hooks
+        model = ddp()
+        model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        cb = omnihvd.DDPOmniLearnCallback(model, 12)
+    elif name == "hook-after-construction-one-rank":   # torch's raw error on one rank
+        model = ddp()
+        cb = omnihvd.DDPOmniLearnCallback(model, 12)
+        if rank == 0:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, default_hooks.allreduce_hook)
+        cb.on_train_begin()
+    elif name == "two-callbacks-one-model":   # both built before either started
+        model = ddp()
+        first = omnihvd.DDPOmniLearnCallback(model, 12)
+        second = omnihvd.DDPOmniLearnCallback(model, 12)
+        first.on_train_begin()
+        second.on_train_begin()
     elif name == "batch-mismatch":   # valid on each rank alone; ranks disagree
         cb = omnihvd.DDPOmniLearnCallback(ddp(), 13 if rank == 2 else 12)
         cb.on_train_begin()
@@ -55,6 +73,7 @@ def scenario(name):
 
 
 SCENARIOS = ["bad-option-one-rank", "initial-sizes-one-rank", "not-ddp", "own-hook-one-rank",
+             "builtin-hook", "hook-after-construction-one-rank", "two-callbacks-one-model",
              "batch-mismatch", "sampler-seed-mismatch"]
 for name in SCENARIOS:
     try:
