@@ -467,9 +467,10 @@ class OmniLearnCallback(ScheduledSizes):
             return
         t0 = time.perf_counter()
         if self._elastic or self._tracker is not None:
-            self._join_world()
+            self._waiting_for_peers(self._join_world)
         self._install_abort()
-        check_agreement(self._comm.allgather_object(self._fingerprint()))
+        check_agreement(self._waiting_for_peers(
+            lambda: self._comm.allgather_object(self._fingerprint())))
         self._configure_timer()
         self._hooks = self._install_hooks()
         self._weight.refuse = self._outside_pair   # until the first on_batch_begin
@@ -481,9 +482,11 @@ class OmniLearnCallback(ScheduledSizes):
                         "if the loop calls it, call cb.mark_compute_end() just before, or step "
                         "times include waiting for other ranks", self.rank)
         if self.rank == 0:
-            log.info("omnihvd: %d ranks, global batch %d, initial sizes %s, policy %s, adjust "
-                     "every %d steps", self.num_ranks, self.global_batch_size, self.batch_sizes,
-                     self.controller.policy, self.adjust_every)
+            every = ("every %d steps" % self.adjust_every if self.adjust_every < 2 ** 31
+                     else "never (adjust_every=%d)" % self.adjust_every)
+            log.info("omnihvd: %d ranks, global batch %d, initial sizes %s, policy %s, adjust %s",
+                     self.num_ranks, self.global_batch_size, self.batch_sizes,
+                     self.controller.policy, every)
         self.overhead_seconds += time.perf_counter() - t0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -711,7 +714,7 @@ class OmniLearnCallback(ScheduledSizes):
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:
-            done = self._comm.allgather(row)
+            done = self._waiting_for_peers(lambda: self._comm.allgather(row))
             self._pending = PendingGather(lambda: done)
 
     def on_batch_end(self, batch=None, logs=None):
@@ -740,7 +743,7 @@ class OmniLearnCallback(ScheduledSizes):
             self._post()  # no wait boundary this step (a loop without step()), or blocking
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._decide(pending.wait())
+            self._decide(self._waiting_for_peers(pending.wait))
             self._refresh_quota()  # a re-quota mid-run counts from the next window on
         self.schedule.advance()
         self._updated = False
@@ -886,9 +889,19 @@ class OmniLearnCallback(ScheduledSizes):
         """How many decisions changed the sizes so far (also those no longer in history)."""
         return self._adjustments
 
+    def _waiting_for_peers(self, wait):
+        """``wait()``'s result; the time it takes is left out of ``overhead_seconds``
+        (the hook that calls it adds its whole span)."""
+        t0 = time.perf_counter()
+        try:
+            return wait()
+        finally:
+            self.overhead_seconds -= time.perf_counter() - t0
+
     @property
     def overhead_per_step(self) -> float:
-        """Mean seconds per step spent in the callback's own code."""
+        """Mean seconds per step spent in the callback's own code since training began
+        (its gathers' waits for the other ranks left out)."""
         return self.overhead_seconds / max(self.step, 1)
 
     # --------------------------------------------------------- checkpoints

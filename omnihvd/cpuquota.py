@@ -17,13 +17,13 @@ only the standard library.
 import math
 import os
 import re
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 from .errors import OmniHvdError
 
 __all__ = ["CpuLimitError", "CpuController", "Quota", "find_cpu_controller", "cpu_quotas",
-           "cpu_quota_cores", "quota_spread", "usable_cpus", "SPREAD_FIX", "parse_mountinfo", "rooted",
-           "read_text"]
+           "cpu_quota_cores", "cpu_groups", "quota_spread", "usable_cpus", "SPREAD_FIX",
+           "parse_mountinfo", "rooted", "read_text"]
 
 # The cure for quota_spread's finding (docs/cpu-quotas.rst).
 SPREAD_FIX = ("give each rank as many CPUs of its own as its quota allows, rounded up: "
@@ -66,7 +66,8 @@ def rooted(root: str, absolute: str) -> str:
 
 
 def read_text(path: str) -> str:
-    with open(path) as f:
+    # surrogateescape, as os.fsdecode: a mount or group name need not be UTF-8
+    with open(path, errors="surrogateescape") as f:
         return f.read()
 
 
@@ -102,7 +103,7 @@ def parse_mountinfo(text: str) -> List[dict]:
 def _controllers(root: str, pid="self") -> List[CpuController]:
     try:
         mounts = parse_mountinfo(read_text(rooted(root, "/proc/%s/mountinfo" % pid)))
-    except OSError:
+    except (OSError, ValueError):
         return []
     found = []
     for m in mounts:
@@ -142,12 +143,47 @@ def find_cpu_controller(root: str = "/") -> CpuController:
 
 
 def _group_dir(controller: CpuController, cgroup_path: str) -> Optional[str]:
-    """Folder of ``cgroup_path`` in the mount, or None when the mount does not show it."""
+    """Folder of ``cgroup_path`` in the mount, or None when the mount does not show it
+    (also when either path leaves its namespace's root: ``/..`` in a cgroup namespace
+    whose mount was made outside it)."""
+    if ".." in cgroup_path.split("/") or ".." in controller.mount_root.split("/"):
+        return None
     base = controller.mount_root.rstrip("/")
     if cgroup_path != base and not cgroup_path.startswith(base + "/"):
         return None
     rest = cgroup_path[len(base):].strip("/")
     return os.path.join(controller.mount, rest) if rest else controller.mount
+
+
+# A mount that does not show where a process's group is: found by its cgroup.procs,
+# at most this many groups looked at, and remembered while it still lists the process.
+SEARCH_LIMIT = 4000
+_searched = {}
+
+
+def _lists(folder: str, pid: str) -> bool:
+    try:
+        return pid in read_text(os.path.join(folder, "cgroup.procs")).split()
+    except OSError:
+        return False
+
+
+def _search_group(mount: str, pid) -> Optional[str]:
+    """The group folder under ``mount`` whose ``cgroup.procs`` lists ``pid``, or None."""
+    pid = str(os.getpid() if pid == "self" else pid)
+    known = _searched.get((mount, pid))
+    if known is not None and _lists(known, pid):
+        return known
+    looked = 0
+    for folder, subfolders, _ in os.walk(mount):
+        looked += 1
+        if _lists(folder, pid):
+            _searched[(mount, pid)] = folder
+            return folder
+        if looked >= SEARCH_LIMIT:
+            return None
+        subfolders.sort()
+    return None
 
 
 def _own_groups(root: str, pid) -> dict:
@@ -179,6 +215,30 @@ def _quota_of(folder: str, version: str) -> Optional[Quota]:
     return Quota(folder, quota, period) if quota > 0 else None
 
 
+def cpu_groups(pid="self", root: str = "/") -> List[Tuple[CpuController, Optional[str]]]:
+    """The cpu controllers that ``pid`` can see, each with the folder of ``pid``'s
+    group in its mount (None where it cannot be found there).
+
+    Where the mount does not show the path in ``/proc/PID/cgroup`` (a cgroup namespace
+    whose mount was made outside it), the group is the one whose ``cgroup.procs``
+    lists ``pid`` (:data:`SEARCH_LIMIT` groups at most).
+
+    >>> cpu_groups(root="/nonexistent")
+    []
+    """
+    try:
+        groups = _own_groups(root, pid)
+    except (OSError, ValueError):
+        return []
+    found = []
+    for controller in _controllers(root, pid):
+        if controller.version in groups:
+            folder = _group_dir(controller, groups[controller.version])
+            found.append((controller, folder if folder is not None
+                          else _search_group(controller.mount, pid)))
+    return found
+
+
 def cpu_quotas(pid="self", root: str = "/") -> List[Quota]:
     """Every CFS quota that limits ``pid``: its cpu cgroup and each group above it.
 
@@ -193,15 +253,8 @@ def cpu_quotas(pid="self", root: str = "/") -> List[Quota]:
     >>> [q.cores for q in cpu_quotas()]   # doctest: +SKIP
     [0.3]
     """
-    try:
-        groups = _own_groups(root, pid)
-    except OSError:
-        return []
     found = []
-    for controller in _controllers(root, pid):
-        if controller.version not in groups:
-            continue
-        folder = _group_dir(controller, groups[controller.version])
+    for controller, folder in cpu_groups(pid, root):
         while folder is not None:
             quota = _quota_of(folder, controller.version)
             if quota is not None:

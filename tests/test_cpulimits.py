@@ -97,6 +97,38 @@ def test_no_quota_and_no_controller(tmp_path):
         cpuquota.find_cpu_controller(bare)
 
 
+def test_a_mount_name_that_is_not_utf8_is_read(tmp_path):
+    # one such mount anywhere on the host crashed on_train_begin (UnicodeDecodeError)
+    root = fake_tree(tmp_path, V1_MOUNT % ("/", "", "cpu"), "1:cpu:/job\n", {
+        "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "30000\n",
+        "/sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "100000\n"})
+    with open(os.path.join(root, "proc/self/mountinfo"), "ab") as f:
+        f.write(b"60 23 0:50 / /mnt/cl\xe9 rw - tmpfs revt rw\n")
+    assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(0.3)
+
+
+def test_a_group_outside_the_mounts_view_is_found_by_its_procs_or_not_at_all(tmp_path):
+    # A cgroup namespace whose cgroup filesystem was mounted outside it: mountinfo's
+    # root reads /.. and /proc/self/cgroup reads /; the group is the one that lists us.
+    files = {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
+             "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
+             "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "30000\n",
+             "/sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "100000\n",
+             "/sys/fs/cgroup/cpu/job/cgroup.procs": "1\n%d\n" % os.getpid(),
+             "/sys/fs/cgroup/cpu/other/cgroup.procs": "%d1\n" % os.getpid()}
+    root = fake_tree(tmp_path / "ns", V1_MOUNT % ("/..", "", "cpu"), "1:cpu:/\n", files)
+    (controller, folder), = cpuquota.cpu_groups(root=root)
+    assert folder == os.path.join(root, "sys/fs/cgroup/cpu/job")
+    assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(0.3)
+    # nothing lists us: not visible (and a path with .. never leaves the mount)
+    del files["/sys/fs/cgroup/cpu/job/cgroup.procs"]
+    for tag, cgroup in (("a", "1:cpu:/\n"), ("b", "1:cpu:/../../x\n")):
+        mount_root = "/.." if tag == "a" else "/"
+        lost = fake_tree(tmp_path / tag, V1_MOUNT % (mount_root, "", "cpu"), cgroup, files)
+        assert [folder for _, folder in cpuquota.cpu_groups(root=lost)] == [None]
+        assert cpuquota.cpu_quotas(root=lost) == []
+
+
 def test_quota_group_writes_v1_and_v2_files_and_checks_values(tmp_path):
     for version, mount in (("v1", tmp_path / "v1"), ("v2", tmp_path / "v2")):
         mount.mkdir()

@@ -127,3 +127,26 @@ def test_cpu_quota_with_a_short_period_or_none_is_ok(tmp_path, version):
     none = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path / "b", -1, 100000, version),
                                    cpus=64)
     assert none == Check("CPU quota", "OK", "no CFS quota on this process")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_long_period_that_cannot_throttle_is_ok(tmp_path, version):
+    # 2 cores per 100 ms on 2 CPUs (exclusive cores under a quota, as Kubernetes' static
+    # CPU manager sets): the period does not matter
+    check = doctor._check_cpu_quota(root=fake_cgroup_root(tmp_path, 200000, 100000, version),
+                                    cpus=2)
+    assert check.status == "OK", check
+
+
+def test_a_cpu_cgroup_that_cannot_be_seen_is_said(tmp_path):
+    lost = fake_cgroup_root(tmp_path / "a", 30000, 100000)
+    (tmp_path / "a/proc/self/cgroup").write_text("4:cpu,cpuacct:/../other\n")
+    check = doctor._check_cpu_quota(root=lost, cpus=1)
+    assert check.status == "WARN" and "cannot be read" in check.detail
+    assert "cpu_quota=<cores>" in check.fix
+    bare = tmp_path / "b/proc/self"
+    bare.mkdir(parents=True)
+    (bare / "mountinfo").write_text("31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n")
+    (bare / "cgroup").write_text("")
+    check = doctor._check_cpu_quota(root=str(tmp_path / "b"), cpus=1)
+    assert check.status == "OK" and "no CFS quota can be seen" in check.detail

@@ -520,24 +520,36 @@ QUOTA_FIX = ("give the container a 10 ms period: docker run --cpu-period=10000 "
 
 def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
     """WARN when this process runs under a CFS quota with a long period, or under a
-    quota of fewer cores than the ``cpus`` it may run on (default: its affinity),
-    see docs/cpu-quotas.rst."""
-    from ..cpuquota import SPREAD_FIX, cpu_quotas, quota_spread, usable_cpus
+    quota of fewer cores than the ``cpus`` it may run on (default: its affinity), or
+    when its cpu cgroup cannot be found; see docs/cpu-quotas.rst. A quota of at least
+    ``cpus`` cores cannot throttle, whatever its period."""
+    from ..cpuquota import SPREAD_FIX, cpu_groups, cpu_quotas, quota_spread, usable_cpus
 
+    cpus = usable_cpus() if cpus is None else cpus
+    unseen = "; if the job runs under a quota, pass cpu_quota=<cores> to the callback"
     quotas = cpu_quotas("self", root=root)
     if not quotas:
+        groups = cpu_groups("self", root=root)
+        lost = [controller.mount for controller, folder in groups if folder is None]
+        if lost:
+            return Check("CPU quota", WARN, "this process's cpu cgroup is not in %s (a cgroup "
+                         "namespace or a container that shows another part of the tree), so "
+                         "its quota cannot be read" % ", ".join(lost),
+                         "mount the cgroup filesystem inside the container's namespace" + unseen)
+        if not groups:
+            return Check("CPU quota", OK, "no cgroup cpu controller is mounted here, so no "
+                         "CFS quota can be seen" + unseen)
         return Check("CPU quota", OK, "no CFS quota on this process")
     detail = "; ".join("%.2f cores per %g ms (%s)" % (q.cores, q.period_us / 1000, q.path)
                        for q in quotas)
     problems, fixes = [], []
-    if any(q.period_us > QUOTA_PERIOD_LIMIT_US for q in quotas):
+    if any(q.period_us > QUOTA_PERIOD_LIMIT_US and q.cores < cpus for q in quotas):
         problems.append("with a period this long, a rank that polls in MPI while waiting for "
                         "its peers uses up its quota and stalls for the rest of the period "
                         "(plain Horovod at 100/60/30% of a core took 155 ms per step with a "
                         "100 ms period, 87 ms with 10 ms: docs/cpu-quotas.rst)")
         fixes.append(QUOTA_FIX)
-    spread = quota_spread(min(q.cores for q in quotas),
-                          usable_cpus() if cpus is None else cpus)
+    spread = quota_spread(min(q.cores for q in quotas), cpus)
     if spread:
         problems.append(spread)
         fixes.append(SPREAD_FIX)
