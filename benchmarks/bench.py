@@ -438,9 +438,12 @@ TARGET_COLUMNS = [("target", "target", "%s"), ("level", "level", "%s"),
 
 
 def code_version():
-    """The git commit of the code measured (``+dirty`` with uncommitted changes), if known."""
+    """The git commit of the code measured (``+dirty`` with uncommitted changes), if known;
+    ``OMNIHVD_CODE_VERSION`` where set (a copy made with ``git archive`` has no .git)."""
     import subprocess
 
+    if os.environ.get("OMNIHVD_CODE_VERSION"):
+        return os.environ["OMNIHVD_CODE_VERSION"]
     try:
         return subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=HERE,
                               capture_output=True, text=True, timeout=10).stdout.strip() or None

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -96,6 +96,9 @@ class Phase(NamedTuple):
 def parse_phase(text: str, available: Sequence[int]) -> Phase:
     """One phase of a scenario spec (see the module docstring)."""
     cpus = quota = None
+    keys = [item.partition("=")[0] for item in text.split()]
+    if len(set(keys)) < len(keys):
+        raise SystemExit("phase %r: pin= and quota= once each" % text)
     for item in text.split():
         key, sep, value = item.partition("=")
         if key == "pin" and sep:
@@ -552,10 +555,21 @@ def run_order(num_modes: int, repeat: int) -> List[int]:
     return list(range(first, num_modes)) + list(range(first))
 
 
-def run_scenario(args, name: str, spec: str) -> dict:
-    phases = parse_spec(spec, args.available)
+def plan_modes(args, phases: List[Phase]) -> List[Tuple[str, Any]]:
+    """The launches of one scenario: ``(mode, split)``, or ``("alternate", turns)``;
+    SystemExit when the options cannot run it (``parse_args`` checks every scenario
+    before the first launch)."""
     n = phases[0].num_ranks
     B = args.batch_per_rank * n
+    if args.epochs is not None and args.epochs < len(phases):
+        raise SystemExit("--epochs %d: a scenario of %d phases needs an epoch in each (the "
+                         "default is one more, for a first unmeasured epoch)"
+                         % (args.epochs, len(phases)))
+    for phase in phases:
+        if phase.quota is not None and min(phase.quota) * args.period_us < 1000:
+            raise SystemExit("quota %s with --period-us %d: a CFS quota is at least 1000 us "
+                             "per period" % (",".join("%g" % q for q in phase.quota),
+                                             args.period_us))
     modes = [(m, None) for m in ("plain", "omnihvd", "tuned") if m in args.modes]
     candidates = candidate_splits(phases, B, args.lambdas, args.available)
     candidates += [s for s in given_splits(args.splits, n, B) if s not in candidates]
@@ -563,9 +577,19 @@ def run_scenario(args, name: str, spec: str) -> dict:
     if "alternate" in args.modes:
         # --equal-turn: plain Horovod's split as a fixed turn, timed in the same launch
         equal = [apportion([1.0] * n, B)] if args.equal_turn else []
-        turns = args.turns + equal + candidates
+        turns = args.turns + [s for s in equal if s not in candidates] + candidates
+        if len({str(t) for t in turns}) < len(turns):   # their epochs would be pooled
+            raise SystemExit("--turns %s: each turn once" % ",".join(args.turns))
         check_alternation(len(phases), len(turns), args.epochs, args.steps, args.launcher)
         modes.append(("alternate", turns))
+    return modes
+
+
+def run_scenario(args, name: str, spec: str) -> dict:
+    phases = parse_spec(spec, args.available)
+    n = phases[0].num_ranks
+    B = args.batch_per_rank * n
+    modes = plan_modes(args, phases)
     runs = []
     for repeat in range(args.repeats):
         for position, k in enumerate(run_order(len(modes), repeat)):
@@ -1049,6 +1073,10 @@ def markdown(doc) -> str:
 
 
 def code_version(tree: str) -> Optional[str]:
+    """The git commit of ``tree`` (``+dirty`` with uncommitted changes), if known;
+    ``OMNIHVD_CODE_VERSION`` where set (a copy made with ``git archive`` has no .git)."""
+    if os.environ.get("OMNIHVD_CODE_VERSION"):
+        return os.environ["OMNIHVD_CODE_VERSION"]
     try:
         return subprocess.run(["git", "-C", tree, "describe", "--always", "--dirty=+dirty"],
                               capture_output=True, text=True, timeout=10).stdout.strip() or None
@@ -1125,7 +1153,15 @@ def parse_args(argv=None):
     bad = set(args.modes) - {"plain", "omnihvd", "tuned", "fixed", "seeded", "alternate"}
     if bad:
         p.error("unknown modes %s" % sorted(bad))
-    args.lambdas = [float(v) for v in args.lambdas.split(",") if v]
+    try:
+        args.lambdas = [float(v) for v in args.lambdas.split(",") if v]
+    except ValueError:
+        p.error("--lambdas takes numbers joined by commas, got %r" % args.lambdas)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1, got %d" % args.repeats)
+    if not 1000 <= args.period_us <= 1000000:
+        p.error("--period-us must be in [1000, 1000000] (the kernel's bounds), got %d"
+                % args.period_us)
     args.turns = [t for t in args.turns.split(",") if t]
     if not args.turns or {t.split(":")[0] for t in args.turns} - {"omnihvd", "tuned",
                                                                      "arrivals", "means"}:
@@ -1140,7 +1176,10 @@ def parse_args(argv=None):
         if spec is None:
             p.error("unknown scenario %r; choose from %s or write NAME=SPEC"
                     % (name, ", ".join(SCENARIOS)))
-        parse_spec(spec, args.available)
+        try:
+            plan_modes(args, parse_spec(spec, args.available))
+        except SystemExit as e:
+            p.error("scenario %s: %s" % (name, e))
     for e in args.env:
         if "=" not in e:
             p.error("--env needs KEY=VALUE, got %r" % e)

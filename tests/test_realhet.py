@@ -93,12 +93,13 @@ def test_given_splits_are_timed_beside_the_lambdas_and_bad_ones_refused(monkeypa
     monkeypatch.setattr(realhet, "run_once", fake_run)
     monkeypatch.setattr(realhet, "summarize", lambda name, spec, phases, B, runs, args: runs)
     args = realhet.parse_args(["--modes", "fixed", "--repeats", "1", "--lambdas", "1",
+                               "--scenarios", "2:1:1",
                                "--splits", "100,46,46/96,48,48"])   # the second is lambda 1's
     args.available = [0, 1]
     realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
     assert timed == [[96, 48, 48], [100, 46, 46]]
     args = realhet.parse_args(["--modes", "fixed", "--repeats", "1", "--lambdas", "",
-                               "--splits", "100,46,46"])
+                               "--scenarios", "2:1:1", "--splits", "100,46,46"])
     args.available = [0, 1]
     timed.clear()
     realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
@@ -107,6 +108,33 @@ def test_given_splits_are_timed_beside_the_lambdas_and_bad_ones_refused(monkeypa
         args.splits = bad
         with pytest.raises(SystemExit, match="--splits: .* summing to the global batch 192"):
             realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
+
+
+@pytest.mark.parametrize("argv, said", [
+    # found before the first launch, not when its scenario comes (hours in)
+    (["--scenarios", "2:1:1", "3:1:1:1", "--splits", "96,48,48"], "scenario 3:1:1:1: --splits"),
+    (["--scenarios", "2:1:1->1:2:1", "--epochs", "1"], "needs an epoch in each"),
+    (["--scenarios", "x=quota=0.05,1,1"], "at least 1000 us per period"),
+    (["--scenarios", "2:1:1", "--period-us", "100"], "--period-us must be in"),
+    (["--scenarios", "x=pin=0,1,1 pin=1,0,1"], "once each"),
+    (["--scenarios", "2:1:1", "--lambdas", "a"], "--lambdas takes numbers"),
+    (["--scenarios", "2:1:1", "--repeats", "0"], "--repeats must be at least 1"),
+    # two equal turns: their epochs would be pooled and compared as one (ratio 1.0)
+    (["--scenarios", "2:1:1", "--modes", "alternate", "--turns", "omnihvd,omnihvd",
+      "--epochs", "12", "--steps", "10"], "each turn once"),
+])
+def test_options_that_cannot_run_are_refused_before_any_launch(argv, said, capsys):
+    with pytest.raises(SystemExit):
+        realhet.parse_args(argv)
+    assert said in capsys.readouterr().err
+
+
+def test_the_equal_turn_among_the_splits_is_timed_once():
+    args = realhet.parse_args(["--scenarios", "2:1:1", "--modes", "alternate", "--lambdas", "",
+                               "--splits", "64,64,64/96,48,48", "--equal-turn", "--epochs",
+                               "6", "--steps", "10"])
+    (mode, turns), = realhet.plan_modes(args, realhet.parse_spec("pin=0,1,1", [0, 1]))
+    assert mode == "alternate" and turns == ["omnihvd", [64, 64, 64], [96, 48, 48]]
 
 
 def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_launch(
@@ -127,6 +155,7 @@ def test_alternate_launches_take_turns_rotated_and_are_compared_within_each_laun
 
     monkeypatch.setattr(realhet, "run_once", fake_run)
     args = realhet.parse_args(["--modes", "alternate", "--repeats", "3", "--lambdas", "1,2",
+                               "--scenarios", "2:1:1",
                                "--epochs", "6", "--steps", "10", "--out", str(tmp_path / "r")])
     args.available = [0, 1]
     result = realhet.run_scenario(args, "2:1:1", "pin=0,1,1")
@@ -182,7 +211,7 @@ def test_alternate_with_a_mid_run_change_compares_whole_runs(monkeypatch, tmp_pa
     monkeypatch.setattr(realhet, "run_once", fake_run)
     args = realhet.parse_args(["--modes", "alternate", "--repeats", "3", "--lambdas", "1",
                                "--equal-turn", "--epochs", "20", "--steps", "10",
-                               "--out", str(tmp_path / "r")])
+                               "--scenarios", "2:1:1->1:2:1", "--out", str(tmp_path / "r")])
     args.available = [0, 1]
     result = realhet.run_scenario(args, "2:1:1->1:2:1", "pin=0,1,1 | pin=1,0,1")
     # omnihvd, equal, phase B's proportional split, phase A's proportional split

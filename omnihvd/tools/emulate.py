@@ -4,9 +4,12 @@ For benchmarks, tests, and rehearsing a heterogeneous cluster on a laptop. Two
 mechanisms, which can be combined:
 
 * **Emulated speeds** (:class:`Emulator`). After a rank's real forward and backward,
-  and *before* ``optimizer.step()`` (where Horovod starts waiting for the other
-  ranks, so the wait counts as this rank's own compute), the rank sleeps until its
-  step has taken as long as a slower machine would have needed. Two modes:
+  and *before* ``optimizer.step()`` (where Horovod waits for the allreduce, so omnihvd
+  counts the sleep as this rank's own compute), the rank sleeps until its step has
+  taken as long as a slower machine would have needed. The allreduce, which
+  Horovod's hooks started during the backward pass, runs during the sleep:
+  communication is hidden, and the peers wait for a slow rank at the next step's
+  allreduce (docs/emulation.rst). Two modes:
 
   - ``"model"`` (default): the step takes exactly
     ``(step_cost + batch_size * sample_cost) / speed`` seconds; real compute is
