@@ -187,6 +187,10 @@ class OmniLearnCallback(ScheduledSizes):
         ConfigError: on every rank, when any rank's options are invalid (the message
             names the rank and the fix), or the model uses synchronised batch
             normalisation (see :mod:`omnihvd.normalization`).
+        InfeasibleError: valid options whose bounds cannot hold the global batch,
+            alike on every rank (when they differ, the ConfigError above names the
+            rank). ``on_train_begin()`` raises RankMismatchError on every rank when
+            the ranks' options, models or resume points differ.
 
     Under Horovod elastic (``horovodrun --min-np/--max-np``) track it with
     :class:`omnihvd.elastic.TorchState`: B is then re-split over the workers present
@@ -345,6 +349,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
         self._unchecked = None        # the batch cb.wrap last yielded, not yet checked
+        self._batch_checked = False   # this step's batch was checked at on_batch_begin
+        self._warned_unchecked = False
         self._started = False
         self._drop_sample = False
         self._recorded = False        # this step's sample was taken at the wait boundary
@@ -355,6 +361,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._updated = False         # opt.step() ran and on_batch_end has not yet
         self._warned_sync = False
         self._cap = int(self.controller.hi[self.rank])
+        self._caps_before = []       # (from step, the memory caps until then)
         self._host = host_key()       # whose ranks share this one's clock (omnihvd.lags)
         self._devices: List[str] = []  # the model's accelerators (omnihvd.alike)
         # this rank's local time of the last timed step (None: none yet, or dropped)
@@ -392,6 +399,13 @@ class OmniLearnCallback(ScheduledSizes):
                            s.position()) for s in self.schedule.samplers]
         return fp
 
+    def _sampler_place(self) -> tuple:
+        """The training sampler's settings and place, which every rank's must match at
+        each gather (one created, loaded or set to an epoch differently on some rank
+        after on_train_begin would repeat samples, or end the epochs apart)."""
+        return tuple((s.num_samples, s.seed, s.shuffle, s.drop_last, s.epoch, s.position())
+                     for s in self.schedule.samplers if getattr(s, "train", False))
+
     def _configure_timer(self):
         """Device sync and CPU quota for the timer (the model may have moved to its
         device after the callback was built, so this runs at on_train_begin)."""
@@ -415,10 +429,13 @@ class OmniLearnCallback(ScheduledSizes):
             self._warned_spread = True
             log.warning("omnihvd: rank %d: %s; %s", self.rank, spread, SPREAD_FIX)
 
-    def _partial_split(self, sizes, total):
-        # the controller's bounds now: memory caps may have lowered them
+    def _partial_split(self, sizes, total, step):
+        # the bounds in force at ``step``: memory caps lowered at a decision hold from
+        # its effective step, as its sizes do, so that a rank whose loader cut this
+        # step before the decision and one that cuts it after agree
         c = self.controller
-        return partial_split(sizes, total, c.lo, c.hi, c.size_multiple)
+        hi = next((before for first, before in self._caps_before if step < first), c.hi)
+        return partial_split(sizes, total, c.lo, hi, c.size_multiple)
 
     def wrap(self, loader, check: bool = True):
         """``loader`` with each ``next()`` counted as this rank's work.
@@ -435,7 +452,9 @@ class OmniLearnCallback(ScheduledSizes):
 
         With ``check`` (the default) each batch it yields is checked against the
         step it feeds (:meth:`check_batch`, at that step's ``on_batch_begin``, or
-        ``on_batch_end`` if fetched after it): a batch the loop skipped, or a loader
+        ``on_batch_end`` if fetched after it; a loop that fetches the next step's
+        batch before ``on_batch_end``, once this step's was checked, has it checked
+        at the next ``on_batch_begin``): a batch the loop skipped, or a loader
         that does not cut the sampler's sizes, is a ConfigError instead of a silently
         wrong gradient. Pass ``check=False`` for batches whose first tensor's first
         dimension is not the sample count (time-major sequences).
@@ -519,8 +538,11 @@ class OmniLearnCallback(ScheduledSizes):
         if batch is None:   # the batch cb.wrap yielded for this step, if any
             batch = self._unchecked
         self._unchecked = None
-        if batch is not None and not isinstance(batch, int):
+        self._batch_checked = batch is not None and not isinstance(batch, int)
+        if self._batch_checked:
             self.check_batch(batch)
+        elif not self.schedule.driven and not self._warned_unchecked:
+            self._warn_unchecked()
         self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
                                               self.loss_reduction)
         self._weight.refuse = None
@@ -529,6 +551,16 @@ class OmniLearnCallback(ScheduledSizes):
         self._update_began, self._step_depth = None, 0
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
+
+    def _warn_unchecked(self):
+        self._warned_unchecked = True
+        log.warning("omnihvd: rank %d: no HeterogeneousBatchSampler feeds this callback and the "
+                    "batches are not checked: the loop must cut each batch at cb.batch_size "
+                    "(cb.batch_sizes_at(cb.step) in an epoch's partial step), or the gradient "
+                    "is weighted wrongly -- a DataLoader with batch_size= and a "
+                    "DistributedSampler keeps equal sizes. Use the sampler, or pass "
+                    "on_batch_begin(batch=...) or iterate cb.wrap(loader) to have each batch "
+                    "checked", self.rank)
 
     def _check_training_sampler(self):
         """The training sampler must hand out the steps the loop runs: by this step's
@@ -709,8 +741,9 @@ class OmniLearnCallback(ScheduledSizes):
         self._record()
         sizes = self.cadence.window_sizes or self.batch_sizes
         cpuset = cpuset_key()   # a re-pin shows at once
-        row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.lookahead,
-                          self._cap, self._host, cpuset, self._kind(cpuset))
+        row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.decision_lookahead,
+                          self._cap, self._host, cpuset, self._kind(cpuset),
+                          agreed=self._sampler_place())
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:
@@ -730,7 +763,9 @@ class OmniLearnCallback(ScheduledSizes):
                 "%d): its gradients did not get their batch-size weights; call "
                 "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
         t0 = time.perf_counter()
-        if self._unchecked is not None:   # cb.wrap yielded it after on_batch_begin
+        if self._unchecked is not None and not self._batch_checked:
+            # cb.wrap yielded this step's batch after on_batch_begin (with this step's
+            # batch checked there, it is the next step's, fetched ahead: checked then)
             batch, self._unchecked = self._unchecked, None
             self.check_batch(batch)
         # no wait boundary this step: no opt.step() call (a loop without one, or a step
@@ -795,9 +830,12 @@ class OmniLearnCallback(ScheduledSizes):
         record = {"step": self.step + 1, "epoch": self.epoch, "sizes": got.sizes,
                   "times": [float(t) for t in got.times],
                   "samples": [int(c) for c in got.counts]}
+        caps_before = self.controller.hi.copy()
         capped = tighten_caps(self.controller, got.caps)  # a rank ran out of memory
         if capped:
             record["caps"] = self.controller.hi.tolist()
+            # where the decision's sizes would start: beyond every rank's look-ahead
+            self._caps_before.append((self.step + 1 + max(got.lookahead, 0), caps_before))
         decision = self._decision(got, capped)
         if self._options.release_lag:
             record["lag_charges"] = [float(v) for v in self.controller.lag_charges()]
@@ -949,6 +987,7 @@ class OmniLearnCallback(ScheduledSizes):
         if same and self.cadence.tuner is not None and state.get("tuning") is not None:
             self.cadence.tuner.load_state_dict(state["tuning"])
         self._cap = min(self._cap, int(self.controller.hi[self.rank]))
+        self._caps_before = []
         if not same and self.rank == 0:
             log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
                      saved.num_ranks, self.num_ranks, self.batch_sizes)
@@ -1030,6 +1069,7 @@ class OmniLearnCallback(ScheduledSizes):
         self.cadence = self._new_cadence()
         self.schedule.rank, self.schedule.num_ranks = rank, size
         self.schedule.restore(world.step, [(world.step, world.batch_sizes)])
+        self._caps_before = []   # the new world's caps hold from here
         self._options = self._options._replace(
             initial_batch_sizes=list(world.batch_sizes),
             min_batch_size=self.controller.lo.tolist(), max_batch_size=[config[2]] * size)

@@ -512,7 +512,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
 
     Raises:
         ConfigError: malformed input (lengths, non-integer sizes, non-positive or
-            non-finite times, negative gain or dead band).
+            non-finite times, a gain <= 0 or a negative dead band).
         InfeasibleError: bounds that admit no split.
 
     Example: speeds 1:1:2:4 at equal sizes, then the proportional split:

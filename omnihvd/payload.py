@@ -59,18 +59,22 @@ PAYLOAD_FIELDS = 13  # float64 per rank per adjustment, before the per-step bloc
 STEP_BLOCKS = ("arrivals", "releases", "arrived_at")
 
 
-def digest(sizes: Sequence[int]) -> float:
-    """A float-exact checksum of a size vector (crc32 fits a float64 exactly).
+def digest(sizes: Sequence[int], agreed: Sequence = ()) -> float:
+    """A float-exact checksum of a size vector and of ``agreed``, anything else the
+    ranks must hold alike (crc32 fits a float64 exactly).
 
     >>> digest([30, 30]) == digest([30, 30]) != digest([20, 40])
     True
+    >>> digest([30, 30], [(600, 0)]) != digest([30, 30], [(600, 1)])
+    True
     """
-    return float(zlib.crc32(",".join(str(int(b)) for b in sizes).encode()))
+    text = ",".join(str(int(b)) for b in sizes) + ("|%r" % (tuple(agreed),) if agreed else "")
+    return float(zlib.crc32(text.encode()))
 
 
 def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
                 cap: int, host: float = 0.0, cpus: float = 0.0,
-                kind: float = float("nan")) -> List[float]:
+                kind: float = float("nan"), agreed: Sequence = ()) -> List[float]:
     """This rank's row of the gather.
 
     Args:
@@ -82,6 +86,8 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         host: this rank's machine (:func:`omnihvd.lags.host_key`).
         cpus: the CPUs it may run on (:func:`omnihvd.lags.cpuset_key`).
         kind: its resources (:func:`omnihvd.alike.kind_key`; NaN: not compared).
+        agreed: what else every rank must hold alike (its training sampler's settings
+            and place), folded into the sizes' digest.
 
     Returns:
         list of :data:`PAYLOAD_FIELDS` floats in column order, then ARRIVAL_STEPS
@@ -90,7 +96,8 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
     row = [0.0] * PAYLOAD_FIELDS
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
     row[PERIOD], row[PERIOD_ERR] = measured.period, measured.period_error
-    row[SIZE], row[AHEAD], row[DIGEST], row[CAP] = sizes[rank], lookahead, digest(sizes), cap
+    row[SIZE], row[AHEAD], row[CAP] = sizes[rank], lookahead, cap
+    row[DIGEST] = digest(sizes, agreed)
     row[HOST], row[CPUS], row[KIND] = host, cpus, kind
     for k, name in enumerate(STEP_BLOCKS):
         values = getattr(measured, name)
@@ -125,12 +132,16 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
 
     Raises:
         RankMismatchError: the ranks' digests differ, i.e. they disagree on the
-            current batch sizes (diverged state, e.g. different checkpoints loaded).
+            current batch sizes or their training samplers (diverged state, e.g.
+            different checkpoints loaded).
     """
     if len(set(matrix[:, DIGEST].tolist())) != 1:
-        raise RankMismatchError("ranks disagree on the current batch sizes at step %d: "
-                                "omnihvd state diverged (were different checkpoints loaded?)"
-                                % step)
+        raise RankMismatchError(
+            "ranks disagree on the current batch sizes at step %d, or on their training "
+            "sampler (dataset length, seed, shuffle, drop_last, epoch, position in it): "
+            "omnihvd state diverged -- were different checkpoints loaded, or a sampler "
+            "created, loaded or given set_epoch() differently on some rank after "
+            "on_train_begin()?" % step)
     blocks, column = int(matrix[0, BLOCKS]), PAYLOAD_FIELDS
     per_step = {}
     for k, name in enumerate(STEP_BLOCKS):

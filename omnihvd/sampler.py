@@ -28,8 +28,10 @@ The sizes come from a *schedule*, any object of the protocol
 ``register_sampler(sampler, train) -> bool`` and ``restart_pass(partial)``, called at
 the start of each training pass with ``(step, total)`` of the pass's last, partial
 step or None): the :class:`~omnihvd.OmniLearnCallback`,
-or :class:`StaticSchedule`, a fixed one for tests and for static
-heterogeneity-aware sizing without a callback.
+or :class:`StaticSchedule`, a fixed one for tests and evaluation: it cuts the sizes
+but weights no gradient, so training on it averages unequal batches as if equal.
+For a fixed heterogeneous split in training, give the callback
+``initial_batch_sizes=[...]`` and an ``adjust_every`` beyond the run's steps.
 
 Training and evaluation samplers: only one sampler per schedule *drives* it (its
 steps are the training steps the callback counts; ``train=True``, by default the

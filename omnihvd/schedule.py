@@ -53,9 +53,9 @@ class SizeSchedule:
         global_batch_size: B.
         sizes: the sizes from ``step`` on.
         step: steps completed (after a resume: the checkpoint's step).
-        partial: ``(sizes, total) -> sizes or None``: the split of an epoch's last,
-            partial step (default :func:`omnihvd.controller.apportion`; None when no
-            split fits the bounds).
+        partial: ``(sizes, total, step) -> sizes or None``: the split of an epoch's
+            last, partial step ``step`` (default :func:`omnihvd.controller.apportion`;
+            None when no split fits the bounds in force at ``step``).
 
     >>> s = SizeSchedule(0, 2, 10, [5, 5])
     >>> s.issue(0, 10), s.issue(1, 10)          # a prefetching loader hands out two steps
@@ -70,7 +70,7 @@ class SizeSchedule:
     def __init__(self, rank: int, num_ranks: int, global_batch_size: int, sizes: Sequence[int],
                  step: int = 0, partial: Optional[Callable] = None):
         self.rank, self.num_ranks, self.global_batch_size = rank, num_ranks, global_batch_size
-        self._partial = partial or apportion
+        self._partial = partial or (lambda sizes, total, step: apportion(sizes, total))
         self.samplers: List = []
         self.driven = False   # a training sampler (train=True) hands out the steps
         self.restore(step, [(step, list(sizes))])
@@ -82,6 +82,7 @@ class SizeSchedule:
         self._issued: Dict[int, List[int]] = {}  # step -> sizes the sampler handed out
         self._issued_upto = step - 1
         self._max_lookahead = 0
+        self._completed_one = False   # a step completed since this start
         self._partial_step: Optional[Tuple[int, int]] = None   # (step, total) of this pass
 
     @property
@@ -97,7 +98,7 @@ class SizeSchedule:
             return list(self._issued[step])
         sizes = self.split_at(step)
         if self._partial_step is not None and self._partial_step[0] == step:
-            sizes = self._partial(sizes, self._partial_step[1]) or sizes
+            sizes = self._partial(sizes, self._partial_step[1], step) or sizes
         return sizes
 
     def split_at(self, step: int) -> List[int]:
@@ -115,7 +116,7 @@ class SizeSchedule:
         sampler) leaves the schedule untouched."""
         sizes = self.split_at(step)
         if total != self.global_batch_size:  # the last, partial step of an epoch
-            sizes = self._partial(sizes, total)
+            sizes = self._partial(sizes, total, step)
             if sizes is None:
                 return None
         if record:
@@ -152,7 +153,7 @@ class SizeSchedule:
 
     def can_split(self, total: int) -> bool:
         """Whether a partial step of ``total`` samples fits the bounds now."""
-        return self._partial(self.batch_sizes_at(self.step), total) is not None
+        return self._partial(self.batch_sizes_at(self.step), total, self.step) is not None
 
     @property
     def issued_upto(self) -> int:
@@ -170,6 +171,14 @@ class SizeSchedule:
         handed out: the most seen so far, since a loader's prefetch depth varies (it
         is deepest at an epoch's start) and a change must start after all of it."""
         return max(self._max_lookahead, self._issued_upto - self.step, 0)
+
+    @property
+    def decision_lookahead(self) -> int:
+        """The look-ahead a decision gathered now must clear: :attr:`lookahead`, and one
+        more before the first step completes -- a loop that fetches its next batch
+        after ``opt.step()`` (where the gather is posted) hands out one more step
+        before the decision, and has no history yet that shows it."""
+        return self.lookahead + (not self._completed_one)
 
     @property
     def latest(self) -> List[int]:
@@ -197,6 +206,7 @@ class SizeSchedule:
     def advance(self):
         """One step completed."""
         self.step += 1
+        self._completed_one = True
         self._issued = {s: v for s, v in self._issued.items() if s >= self.step}
         while len(self._changes) > 1 and self._changes[1][0] <= self.step:
             # the next change is in effect: earlier ones are never read again (no step
@@ -261,7 +271,8 @@ class ScheduledSizes:
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
         seed, shuffle and drop_last join the cross-rank check at ``on_train_begin``
-        (ranks with different seeds would silently repeat and skip samples).
+        (ranks with different seeds would silently repeat and skip samples), and the
+        training sampler's, with its epoch and place in it, that of every gather.
 
         Returns whether the sampler drives the schedule (its steps are the training
         steps): ``train``, or by default True for the first sampler only. Others (a
@@ -274,7 +285,9 @@ class ScheduledSizes:
 
 
 class StaticSchedule:
-    """A schedule with fixed sizes, for one rank of a simulated or static world.
+    """A schedule with fixed sizes, for one rank of a simulated or static world (tests,
+    evaluation): it weights no gradient, so do not train on it (see
+    :mod:`omnihvd.sampler`).
 
     >>> s = StaticSchedule([2, 3], rank=1)
     >>> s.issue(0, 5), s.global_batch_size

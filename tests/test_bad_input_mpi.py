@@ -61,3 +61,21 @@ def test_ranks_resumed_with_different_schedules_or_histories_all_raise_at_once(m
     for _, kind, message in errors:
         assert kind == RankMismatchError.__name__ and "resume" in message, message
         assert "[(12, [10, 7, 7])]" in message and "[(12, [9, 8, 7])]" in message, message
+
+
+SAMPLER_SCRIPT = os.path.join(os.path.dirname(SCRIPT), "sampler_diverged.py")
+
+
+@pytest.mark.parametrize("mode", ["late", "epoch", "resume", "same"])
+def test_samplers_that_diverge_after_the_start_are_caught_at_the_next_gather(mode):
+    # before: a sampler created after on_train_begin with seed = rank, or set_epoch(epoch
+    # + rank), repeated samples silently (73 of 96 distinct); one rank loading a position
+    # hung the job
+    out = mpirun(2, SAMPLER_SCRIPT, mode, timeout=120).stdout
+    lines = re.findall(r"RANK (\d) (NO ERROR|ERROR (\w+): (.*?))(?=RANK \d|\n|$)", out)
+    assert sorted(r for r, *_ in lines) == ["0", "1"], out[-3000:]
+    for _, verdict, kind, message in lines:
+        if mode == "same":
+            assert verdict == "NO ERROR", out[-3000:]
+        else:
+            assert kind == RankMismatchError.__name__ and "training sampler" in message, message

@@ -232,6 +232,27 @@ def test_overhead_leaves_out_the_waits_for_the_other_ranks(data):
         assert cb.overhead_seconds < 0.005 * cb.step, (nonblocking, cb.overhead_seconds)
 
 
+def test_a_loop_without_the_sampler_or_a_check_is_warned_once(data, caplog):
+    # a DataLoader(batch_size=B/n) with a DistributedSampler keeps equal sizes while the
+    # callback weights the gradient for its own: warned, since nothing can check it
+    x, y = data.tensors
+    for checked in (False, True):
+        model, opt, cb = build(adjust_every=2)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="omnihvd"):
+            cb.on_train_begin()
+            for step in range(4):
+                batch = (x[:cb.batch_size], y[:cb.batch_size])
+                cb.on_batch_begin(batch=batch if checked else None)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
+                opt.step()
+                cb.on_batch_end()
+            cb.on_train_end()
+        said = [r for r in caplog.records if "no HeterogeneousBatchSampler" in r.getMessage()]
+        assert len(said) == (0 if checked else 1), (checked, said)
+
+
 def test_first_window_drops_its_settle_steps(data):
     model, opt, cb = build(adjust_every=4, settle_steps=2, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)

@@ -102,6 +102,28 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle
     assert all(needle in msg for _, _, msg in errors), errors
 
 
+@pytest.mark.parametrize("workers, every, how", [(0, 1, "plain"), (2, 1, "plain"),
+                                                 (0, 20, "wrap"), (2, 1, "wrap")])
+def test_a_loop_that_fetches_the_next_batch_before_on_batch_end(workers, every, how):
+    # before: the first decision (adjust_every=1, settle_steps=0) started its sizes at a
+    # step already handed out ("omnihvd internal error"), and cb.wrap checked the
+    # prefetched batch against the step ending (a false ConfigError)
+    out = mpirun(2, os.path.join(HERE, "prefetch_loop.py"), str(workers), str(every), how,
+                 timeout=200).stdout
+    done = re.findall(r"PREFETCH-OK (\d+) (\d+) (\d+)", out)
+    assert len(done) == 2, out[-3000:]
+    adjustments, distinct, handed = map(int, done[0])
+    assert adjustments >= 1 and distinct == handed == 200, done
+
+
+def test_a_cap_lowered_before_a_partial_step_holds_from_the_same_step_on_every_rank():
+    # rank 0's loader (2 processes) cut the epoch's partial step before the decision
+    # that lowered its cap, rank 1's (none) after it: they cut it with different caps
+    # ([11, 3] and [9, 5]: weights summing to 2.29, 2 samples twice) before the fix
+    out = mpirun(2, os.path.join(HERE, "oom_partial.py"), timeout=200).stdout
+    assert "OOM-PARTIAL-OK" in out, out[-3000:]
+
+
 def test_out_of_memory_lowers_the_cap_and_resplits_on_every_rank():
     # Rank 1 "fits" 12 samples; it raises an (injected) CUDA OOM above that, reports
     # it, and the job goes on: sizes re-split within the cap, summing to B, no hang.

@@ -20,8 +20,8 @@ class Owner(ScheduledSizes):
         self.rank, self.num_ranks, self.global_batch_size = rank, len(sizes), sum(sizes)
         c = controller
         self.schedule = SizeSchedule(rank, len(sizes), sum(sizes), sizes,
-                                     partial=lambda s, t: partial_split(s, t, c.lo, c.hi,
-                                                                        c.size_multiple))
+                                     partial=lambda s, t, _: partial_split(s, t, c.lo, c.hi,
+                                                                           c.size_multiple))
 
 
 def test_the_owner_is_a_batch_schedule_and_shows_the_sizes_in_effect():
