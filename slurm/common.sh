@@ -13,16 +13,33 @@ export OMNIHVD_SLURM_DIR OMNIHVD_ROOT
 # shellcheck source=site.sh
 source "$OMNIHVD_SLURM_DIR/site.sh"
 # A site set-up that fails (a missing module or environment) ends the job here, not
-# in four ranks failing to start (or running whichever python is on PATH).
-if ! omnihvd_site_env; then
+# in four ranks failing to start (or running whichever python is on PATH). Its
+# lines end in "|| return 1" (site.sh), since only the last command's status would
+# count; it runs without set -u, which conda's and some modules' activation
+# scripts do not survive.
+case $- in *u*) nounset=1 ;; *) nounset= ;; esac
+set +u
+omnihvd_site_env
+site_status=$?
+[ -n "$nounset" ] && set -u
+if [ "$site_status" -ne 0 ]; then
     echo "omnihvd-slurm: omnihvd_site_env failed (slurm/site.sh): fix the modules and" \
         "Python environment it loads (OMNIHVD_ROOT=$OMNIHVD_ROOT)" >&2
     exit 1
 fi
 
+# The environment just set up (PATH, the threads below) must reach the tasks: a site
+# that submits with --export=NONE (SBATCH_EXPORT=NONE) leaves SLURM_EXPORT_ENV=NONE
+# here, and srun would then start every task without it.
+export SLURM_EXPORT_ENV=ALL
+
 # One compute thread per CPU Slurm gave the task; unbuffered output so the ranks'
-# lines reach the log as they are printed.
+# lines reach the log as they are printed. srun (22.05 on) does not take
+# --cpus-per-task from the allocation: SRUN_CPUS_PER_TASK passes it on.
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
+fi
 export PYTHONUNBUFFERED=1
 
 # Exit status by which train_job.py says "checkpoint written, run me again".
@@ -30,8 +47,12 @@ OMNIHVD_REQUEUE_EXIT=85
 
 # omnihvd_banner STYLE: one line naming the job, its nodes and the launch style.
 omnihvd_banner() {
+    local tasks="${SLURM_NTASKS:-?}"
+    if [ -n "${SLURM_HET_SIZE:-}" ]; then   # a hetjob: SLURM_NTASKS is component 0's
+        tasks=$(( ${SLURM_NTASKS_HET_GROUP_0:-0} + ${SLURM_NTASKS_HET_GROUP_1:-0} ))
+    fi
     echo "omnihvd-slurm: job=${SLURM_JOB_ID} name=${SLURM_JOB_NAME} style=$1" \
-        "nodes=${SLURM_JOB_NODELIST} tasks=${SLURM_NTASKS:-?}" \
+        "nodes=${SLURM_JOB_NODELIST} tasks=$tasks" \
         "restart=${SLURM_RESTART_COUNT:-0} python=$(command -v python)"
 }
 
@@ -48,9 +69,19 @@ omnihvd_tasks_per_node() {
     done
 }
 
+# omnihvd_node_addr NODE: Slurm's NodeAddr of NODE -- the host name on most clusters,
+# whatever Slurm itself uses to reach the node otherwise -- or NODE when unknown.
+omnihvd_node_addr() {
+    local addr
+    addr="$(scontrol show node "$1" -o 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
+    echo "${addr:-$1}"
+}
+
 # omnihvd_horovod_hosts: the allocation as horovodrun's -H list ("node:slots,...").
 # horovodrun does not read the Slurm allocation, so the list is built from
-# SLURM_JOB_NODELIST (expanded by scontrol) and SLURM_TASKS_PER_NODE.
+# SLURM_JOB_NODELIST (expanded by scontrol) and SLURM_TASKS_PER_NODE. horovodrun
+# reaches the nodes by ssh under these names: Slurm's node names, which are the host
+# names on most clusters (where they are not, NodeAddr is what ssh needs).
 omnihvd_horovod_hosts() {
     local -a nodes counts hosts=()
     local i
@@ -69,14 +100,13 @@ omnihvd_horovod_hosts() {
 # rendezvous runs (slurm/torchrun.sbatch). Slurm's NodeAddr, which is the host name on
 # most clusters and whatever Slurm itself uses to reach the node otherwise.
 omnihvd_master_addr() {
-    local first addr
+    local first
     first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
     if [ -z "$first" ]; then
         echo "omnihvd_master_addr: no node in SLURM_JOB_NODELIST='${SLURM_JOB_NODELIST:-}'" >&2
         return 1
     fi
-    addr="$(scontrol show node "$first" -o 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
-    echo "${addr:-$first}"
+    omnihvd_node_addr "$first"
 }
 
 # omnihvd_het_task: the bash program that hetjob.sbatch wraps around the training
@@ -115,6 +145,7 @@ omnihvd_het_srun() {
                 "(0: no bound), not '$grace'" >&2
             return 2 ;;
     esac
+    grace=$((10#$grace))   # "08" is eight seconds, not a bad octal number
     mkdir -p "$dir" && rm -f "$dir"/task.*
     srun "$@" &
     pid=$!
@@ -155,7 +186,13 @@ omnihvd_finish() {
     local status="$1"
     if [ "$status" -eq "$OMNIHVD_REQUEUE_EXIT" ]; then
         echo "omnihvd-slurm: checkpoint written; requeueing job $SLURM_JOB_ID"
-        scontrol requeue "$SLURM_JOB_ID"
+        if ! scontrol requeue "$SLURM_JOB_ID"; then
+            # e.g. submitted with --no-requeue, or a site that disables it: the job
+            # stopped part-way, which is not a success
+            echo "omnihvd-slurm: Slurm refused to requeue job $SLURM_JOB_ID; training" \
+                "stopped at its checkpoint (kept): resubmit to go on" >&2
+            exit "$OMNIHVD_REQUEUE_EXIT"
+        fi
         exit 0
     fi
     echo "omnihvd-slurm: training step exited with status $status"

@@ -11,8 +11,9 @@
 OMNIHVD_PARTITION="${OMNIHVD_PARTITION-}"
 
 # The two partitions (node types) of slurm/hetjob.sbatch: component 0 runs on the
-# first, component 1 on the second, e.g. "gpu-a100 gpu-v100" or "gpu cpu". EDIT
-OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-fast slow}"
+# first, component 1 on the second, e.g. "gpu-a100 gpu-v100" or "gpu cpu" ("" = the
+# --partition lines of the template itself). EDIT
+OMNIHVD_HET_PARTITIONS="${OMNIHVD_HET_PARTITIONS-}"
 
 # slurm/hetjob.sbatch: seconds srun may take to return once every task of the
 # heterogeneous step has exited; then it is killed (an srun hang of Slurm 22.05,
@@ -30,10 +31,12 @@ OMNIHVD_LOG_DIR="${OMNIHVD_LOG_DIR-$OMNIHVD_ROOT/logs}"
 OMNIHVD_CKPT_DIR="${OMNIHVD_CKPT_DIR-$OMNIHVD_ROOT/checkpoints}"
 
 # Runs at the start of every job, before the launch: load modules and activate the
-# Python environment that has torch, horovod and omnihvd. EDIT
+# Python environment that has torch, horovod and omnihvd. End each line with
+# "|| return 1": a failure then ends the job at once with a message (only the last
+# command's status would count otherwise). EDIT
 omnihvd_site_env() {
-    # module purge
-    # module load openmpi/4.1 cuda/12.1          # the MPI horovod was built with
+    # module purge || return 1
+    # module load openmpi/4.1 cuda/12.1 || return 1   # the MPI horovod was built with
     # shellcheck disable=SC1091
-    source "$OMNIHVD_ROOT/.venv/bin/activate"    # or: conda activate omnihvd
+    source "$OMNIHVD_ROOT/.venv/bin/activate" || return 1   # or: conda activate omnihvd
 }

@@ -28,17 +28,26 @@ opts=(--parsable --output="$OMNIHVD_LOG_DIR/%x-%j.out" ${OMNIHVD_SBATCH_OPTS:-})
 account=()
 [ -n "$OMNIHVD_ACCOUNT" ] && account=(--account="$OMNIHVD_ACCOUNT")
 
+# ${a[@]+"${a[@]}"}: an empty array under set -u, also in bash before 4.4
 if grep -q '^#SBATCH hetjob' "$template"; then
     read -r -a parts <<<"$OMNIHVD_HET_PARTITIONS"
+    if [ "${#parts[@]}" -eq 0 ]; then   # the template's own --partition lines, if any
+        exec sbatch "${opts[@]}" ${account[@]+"${account[@]}"} "$template" "$@"
+    fi
     if [ "${#parts[@]}" -ne 2 ]; then
-        echo "$0: OMNIHVD_HET_PARTITIONS must name two partitions, got '$OMNIHVD_HET_PARTITIONS'" \
-            "(edit slurm/site.sh)" >&2
+        echo "$0: OMNIHVD_HET_PARTITIONS must name two partitions (or none), got" \
+            "'$OMNIHVD_HET_PARTITIONS' (edit slurm/site.sh)" >&2
         exit 2
     fi
+    if grep -q '^#SBATCH .*--partition' "$template"; then
+        echo "$0: OMNIHVD_HET_PARTITIONS='$OMNIHVD_HET_PARTITIONS' replaces the template's" \
+            "--partition lines" >&2
+    fi
     # "A : B" gives each component of the hetjob its own options.
-    exec sbatch "${opts[@]}" "${account[@]}" --partition="${parts[0]}" \
-        : "${account[@]}" --partition="${parts[1]}" "$template" "$@"
+    exec sbatch "${opts[@]}" ${account[@]+"${account[@]}"} --partition="${parts[0]}" \
+        : ${account[@]+"${account[@]}"} --partition="${parts[1]}" "$template" "$@"
 fi
 partition=()
 [ -n "$OMNIHVD_PARTITION" ] && partition=(--partition="$OMNIHVD_PARTITION")
-exec sbatch "${opts[@]}" "${account[@]}" "${partition[@]}" "$template" "$@"
+exec sbatch "${opts[@]}" ${account[@]+"${account[@]}"} ${partition[@]+"${partition[@]}"} \
+    "$template" "$@"

@@ -14,7 +14,13 @@ Checkpoint and resume (for slurm/checkpoint_requeue.sbatch): with ``--checkpoint
 PATH``, SIGUSR1 (sent by Slurm's ``--signal`` before the time limit) makes every
 rank stop at the same step; rank 0 saves the model, the optimizer, the callback's and
 the sampler's state to PATH, and every rank exits with status 85, which the batch
-script answers with ``scontrol requeue``. A run that finds PATH resumes from it.
+script answers with ``scontrol requeue``. A requeued run (``SLURM_RESTART_COUNT`` > 0,
+or a run outside Slurm) that finds PATH resumes from it; a first run ignores one (a
+job id that a fresh Slurm controller gave out again). Every rank must see PATH: a
+rank that does not see it while another does is an error on every rank. SIGUSR1 is
+caught from the script's first line on; anything else in the job step that gets it
+(a wrapper script, a DataLoader worker started by "spawn" or "forkserver") must
+ignore it, since Slurm signals every process of the step.
 
 Emulated heterogeneity, for demonstrations and tests on identical (virtual) nodes:
 ``--ms-per-sample 1 --slow-nodes n2 --slowdown 3`` makes every rank sleep 1 ms per
@@ -25,21 +31,27 @@ counts a rank's compute time, so omnihvd shifts work away from the slow ranks.
 Replace this file with your own training script; keep the checkpoint contract above
 if you use checkpoint_requeue.sbatch.
 """
-import argparse
-import json
-import os
 import signal
-import socket
-import sys
-import time
 
-import horovod.torch as hvd
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+# Caught before the slow imports below: the signal may come while they run, and its
+# default action ends the process (and with it the requeue).
+STOP = {"requested": False}
+signal.signal(signal.SIGUSR1, lambda signum, frame: STOP.update(requested=True))
 
-import omnihvd
-from omnihvd.controller import DEFAULT_DEADBAND
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import omnihvd  # noqa: E402
+from omnihvd.controller import DEFAULT_DEADBAND  # noqa: E402
 
 REQUEUE_EXIT = 85  # "checkpoint written; requeue me" (common.sh's OMNIHVD_REQUEUE_EXIT)
 PREFIX = "omnihvd-job:"
@@ -89,8 +101,7 @@ def emit(text):
 
 def main(argv=None):
     args = parse_args(argv)
-    stop = {"requested": False}
-    signal.signal(signal.SIGUSR1, lambda signum, frame: stop.update(requested=True))
+    stop = STOP
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -110,7 +121,7 @@ def main(argv=None):
     loader = DataLoader(dataset, batch_sampler=sampler)
 
     resumed_from = None
-    if args.checkpoint and os.path.exists(args.checkpoint):
+    if resume_from(args.checkpoint, restart, rank, size):
         # Every rank reads the same file (a shared file system), so all agree.
         state = torch.load(args.checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -185,6 +196,22 @@ def main(argv=None):
             "decisions": decisions, "first_loss": first_loss, "last_loss": last_loss,
             "restart": restart, "resumed_from": resumed_from, "cpu_seconds": cpu_seconds}))
     return 0
+
+
+def resume_from(path, restart, rank, size) -> bool:
+    """Whether this run resumes from the checkpoint ``path`` (the same answer on every
+    rank): only a requeued run (or one outside Slurm), and only if every rank sees it."""
+    requeued = restart > 0 or "SLURM_JOB_ID" not in os.environ
+    found = bool(path) and os.path.exists(path)
+    if found and not requeued and rank == 0:
+        emit("ignoring %s: this job was not requeued (restart 0), so it is not this job's "
+             "checkpoint (a job id given out again); starting from step 0" % path)
+    seen = int(hvd.allreduce(torch.tensor([float(found)]), op=hvd.Sum,
+                             name="omnihvd_job.checkpoint_seen").item())
+    if 0 < seen < size:
+        raise SystemExit("%s %d of %d ranks see the checkpoint %s: put OMNIHVD_CKPT_DIR on a "
+                         "file system every node sees" % (PREFIX, seen, size, path))
+    return found and requeued
 
 
 def save_checkpoint(path, model, opt, cb, sampler, rank):

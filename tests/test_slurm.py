@@ -260,7 +260,8 @@ def test_horovod_host_list(cluster, nodelist, tasks, expected):
 def test_hetjob_one_world_over_two_node_types_balances(cluster):
     # Node n2 (partition "slow") emulates hardware three times slower.
     job = cluster.submit("hetjob.sbatch", "--steps", 25, "--ms-per-sample", 1,
-                         "--slow-nodes", "n2", "--slowdown", 3)
+                         "--slow-nodes", "n2", "--slowdown", 3,
+                         OMNIHVD_HET_PARTITIONS="fast slow")
     log = cluster.completed(job)
     assert "component 0: fast n1; component 1: slow n2" in log, log
     _, result = check_training(log, world_size=4, steps=25, nodes=["n1", "n1", "n2", "n2"])
@@ -510,3 +511,52 @@ def test_a_failing_site_setup_ends_the_job_with_a_clear_message(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "LAUNCHED" not in proc.stdout, proc
     assert "omnihvd_site_env failed" in proc.stderr, proc.stderr
+
+
+def test_a_refused_requeue_fails_the_job_and_keeps_the_checkpoint(tmp_path):
+    # --no-requeue (or a site that disables requeues): the job stopped part-way; it
+    # ended COMPLETED with exit 0 before
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'Requested operation is presently "
+                                      "disabled' >&2\nexit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    proc = subprocess.run(["bash", "-c", 'source "%s/slurm/common.sh" && omnihvd_finish 85' % ROOT],
+                          env=dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
+                                   SLURM_JOB_ID="13"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 85, proc
+    assert "refused to requeue job 13" in proc.stderr and "resubmit" in proc.stderr, proc.stderr
+
+
+def test_the_job_environment_reaches_the_tasks_and_srun_gets_the_cpus():
+    # SBATCH_EXPORT=NONE leaves SLURM_EXPORT_ENV=NONE in the batch shell: srun would
+    # start the tasks without the site's environment (python not found)
+    script = ('source "%s/slurm/common.sh" && echo "$SLURM_EXPORT_ENV $SRUN_CPUS_PER_TASK '
+              '$OMP_NUM_THREADS"' % ROOT)
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, SLURM_EXPORT_ENV="NONE", SLURM_CPUS_PER_TASK="3"))
+    assert proc.stdout.split() == ["ALL", "3", "3"], proc
+
+
+def test_het_srun_reads_a_grace_with_a_leading_zero_as_decimal(tmp_path):
+    # "08" passed the whole-seconds check, then failed as an octal number: the bound
+    # was off and the hung srun was waited for until the test's limit
+    out, took = het_srun(tmp_path, "hang", [0, 3], grace="08")
+    assert out.strip().endswith("status=3") and "srun had not returned 8 s" in out, out
+    assert 8 <= took < 60, took
+
+
+def test_a_first_run_ignores_a_checkpoint_it_did_not_write(tmp_path):
+    # a fresh slurmctld gives job ids out again: job 7's checkpoint is not this job 7's
+    stale = tmp_path / "omnihvd-ckpt-7.pt"
+    stale.write_text("not this job's")
+    env = dict(os.environ, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="0",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = run_bounded(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+                        sys.executable, os.path.join(ROOT, "slurm", "train_job.py"),
+                        "--steps", "4", "--checkpoint", str(stale)], 120, env)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "ignoring %s: this job was not requeued" % stale in proc.stdout, proc.stdout[-3000:]
+    result = json.loads(proc.stdout.split("omnihvd-job: result ")[1].splitlines()[0])
+    assert result["steps"] == 4 and result["resumed_from"] is None, result
