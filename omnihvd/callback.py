@@ -349,7 +349,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
         self._unchecked = None        # the batch cb.wrap last yielded, not yet checked
-        self._batch_checked = False   # this step's batch was checked at on_batch_begin
+        self._batch_checked = False   # this step's batch was checked (begin or end)
+        self._ahead = False           # _unchecked was fetched for the next step
         self._warned_unchecked = False
         self._started = False
         self._drop_sample = False
@@ -472,12 +473,34 @@ class OmniLearnCallback(ScheduledSizes):
         sampler = getattr(loader, "batch_sampler", None)
         if sampler in self.schedule.samplers and not sampler.train:
             return loader
-        return TimedIterable(loader, self._timer.add, restart=self._timer.discard_extra,
-                             seen=self._fetched if check else None)
+        return TimedIterable(loader, self._timer.add, restart=self._wrapped_restart,
+                             seen=self._fetched if check else None,
+                             ended=self._wrapped_ended if check else None)
 
     def _fetched(self, batch):
         """``cb.wrap`` yielded ``batch``: check it at the next hook."""
+        self._no_lost_batch("fetched another one")
         self._unchecked = batch
+
+    def _wrapped_restart(self):
+        """A new pass over the wrapped loader: a batch fetched ahead by a pass left
+        early (``break``) is void, as are its charges."""
+        self._unchecked, self._ahead = None, False
+        self._timer.discard_extra()
+
+    def _wrapped_ended(self):
+        self._no_lost_batch("reached the loader's end")
+
+    def _no_lost_batch(self, then):
+        # A batch fetched after this step's (checked) batch must be the next step's,
+        # fetched ahead; another fetch, or the loader's end, before that step began
+        # means the loop trained it in place of its own batch, or skipped it.
+        if self._unchecked is not None and self._ahead:
+            raise ConfigError(
+                "rank %d fetched a batch from cb.wrap(loader) after on_batch_begin() of step "
+                "%d and then %s before the next on_batch_begin(): that batch was trained in "
+                "place of the step's own (with its weights) or skipped; fetch each batch "
+                "once, for the step that trains it" % (self.rank, self.step - 1, then))
 
     # --------------------------------------------------------------- hooks
     def on_train_begin(self, logs=None):
@@ -526,7 +549,7 @@ class OmniLearnCallback(ScheduledSizes):
         t0 = time.perf_counter()
         # a gather posted at opt.step() whose on_batch_end never came (a break): it ran
         # on every rank; settle it before this step runs again and posts its own
-        self._drop_pending()
+        self._waiting_for_peers(self._drop_pending)
         self._check_training_sampler()
         sizes = self.schedule.batch_sizes_at(self.step)
         self._begun_step, self._updated = self.step, False
@@ -535,14 +558,13 @@ class OmniLearnCallback(ScheduledSizes):
                 self.cadence.record_period(t0 - self._began[1])  # before a new window opens
             self._began = (self.step, t0)
         self._step_sizes = sizes
-        if batch is None:   # the batch cb.wrap yielded for this step, if any
+        if batch is None or isinstance(batch, int):   # cb.wrap's batch for this step, if any
             batch = self._unchecked
         self._unchecked = None
+        self._ahead = False
         self._batch_checked = batch is not None and not isinstance(batch, int)
         if self._batch_checked:
             self.check_batch(batch)
-        elif not self.schedule.driven and not self._warned_unchecked:
-            self._warn_unchecked()
         self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
                                               self.loss_reduction)
         self._weight.refuse = None
@@ -764,10 +786,16 @@ class OmniLearnCallback(ScheduledSizes):
                 "cb.on_batch_begin() before each batch's forward pass" % (self.rank, self.step))
         t0 = time.perf_counter()
         if self._unchecked is not None and not self._batch_checked:
-            # cb.wrap yielded this step's batch after on_batch_begin (with this step's
-            # batch checked there, it is the next step's, fetched ahead: checked then)
+            # cb.wrap yielded this step's batch after on_batch_begin
             batch, self._unchecked = self._unchecked, None
+            self._batch_checked = True
             self.check_batch(batch)
+        elif self._unchecked is not None:
+            # with this step's batch checked, it is the next step's, fetched ahead
+            # (checked then; _no_lost_batch if it never gets there)
+            self._ahead = True
+        if not self._batch_checked and not self.schedule.driven and not self._warned_unchecked:
+            self._warn_unchecked()
         # no wait boundary this step: no opt.step() call (a loop without one, or a step
         # GradScaler skipped)
         self._end_local_time()

@@ -22,8 +22,8 @@ from typing import List, NamedTuple, Optional, Tuple
 from .errors import OmniHvdError
 
 __all__ = ["CpuLimitError", "CpuController", "Quota", "find_cpu_controller", "cpu_quotas",
-           "cpu_quota_cores", "cpu_groups", "quota_spread", "usable_cpus", "SPREAD_FIX",
-           "parse_mountinfo", "rooted", "read_text"]
+           "cpu_quota_cores", "cpu_groups", "group_cpus", "quota_spread", "usable_cpus",
+           "SPREAD_FIX", "parse_mountinfo", "rooted", "read_text"]
 
 # The cure for quota_spread's finding (docs/cpu-quotas.rst).
 SPREAD_FIX = ("give each rank as many CPUs of its own as its quota allows, rounded up: "
@@ -155,35 +155,41 @@ def _group_dir(controller: CpuController, cgroup_path: str) -> Optional[str]:
     return os.path.join(controller.mount, rest) if rest else controller.mount
 
 
-# A mount that does not show where a process's group is: found by its cgroup.procs,
-# at most this many groups looked at, and remembered while it still lists the process.
+# A mount that does not show where a process's group is: found as the group that lists
+# the process's main thread (v1 "tasks": a process whose threads sit in several groups
+# is listed in each one's cgroup.procs; v2 "cgroup.procs"), at most this many groups
+# looked at. Remembered -- found or not -- until /proc/PID/cgroup shows a move.
 SEARCH_LIMIT = 4000
 _searched = {}
 
 
-def _lists(folder: str, pid: str) -> bool:
+def _lists(folder: str, pid: str, version: str) -> bool:
     try:
-        return pid in read_text(os.path.join(folder, "cgroup.procs")).split()
+        listed = read_text(os.path.join(folder, "tasks" if version == "v1" else "cgroup.procs"))
     except OSError:
         return False
+    return pid in listed.split()
 
 
-def _search_group(mount: str, pid) -> Optional[str]:
-    """The group folder under ``mount`` whose ``cgroup.procs`` lists ``pid``, or None."""
+def _search_group(controller: CpuController, pid, shown: str) -> Optional[str]:
+    """The group folder of ``pid`` under ``controller``'s mount, or None; ``shown``:
+    its path in ``/proc/PID/cgroup``."""
     pid = str(os.getpid() if pid == "self" else pid)
-    known = _searched.get((mount, pid))
-    if known is not None and _lists(known, pid):
-        return known
-    looked = 0
-    for folder, subfolders, _ in os.walk(mount):
-        looked += 1
-        if _lists(folder, pid):
-            _searched[(mount, pid)] = folder
-            return folder
+    key = (controller.mount, pid, shown)
+    if key in _searched:
+        known = _searched[key]
+        if known is None or _lists(known, pid, controller.version):
+            return known
+    found = None
+    for looked, (folder, subfolders, _) in enumerate(os.walk(controller.mount), 1):
+        if _lists(folder, pid, controller.version):
+            found = folder
+            break
         if looked >= SEARCH_LIMIT:
-            return None
+            break
         subfolders.sort()
-    return None
+    _searched[key] = found
+    return found
 
 
 def _own_groups(root: str, pid) -> dict:
@@ -220,8 +226,9 @@ def cpu_groups(pid="self", root: str = "/") -> List[Tuple[CpuController, Optiona
     group in its mount (None where it cannot be found there).
 
     Where the mount does not show the path in ``/proc/PID/cgroup`` (a cgroup namespace
-    whose mount was made outside it), the group is the one whose ``cgroup.procs``
-    lists ``pid`` (:data:`SEARCH_LIMIT` groups at most).
+    whose mount was made outside it), the group is the one that lists ``pid``'s main
+    thread (:data:`SEARCH_LIMIT` groups at most, searched once per place the process
+    is shown in).
 
     >>> cpu_groups(root="/nonexistent")
     []
@@ -233,9 +240,10 @@ def cpu_groups(pid="self", root: str = "/") -> List[Tuple[CpuController, Optiona
     found = []
     for controller in _controllers(root, pid):
         if controller.version in groups:
-            folder = _group_dir(controller, groups[controller.version])
+            shown = groups[controller.version]
+            folder = _group_dir(controller, shown)
             found.append((controller, folder if folder is not None
-                          else _search_group(controller.mount, pid)))
+                          else _search_group(controller, pid, shown)))
     return found
 
 
@@ -274,6 +282,26 @@ def cpu_quota_cores(pid="self", root: str = "/") -> Optional[float]:
     """
     quotas = cpu_quotas(pid, root)
     return min(q.cores for q in quotas) if quotas else None
+
+
+def group_cpus(folder: str) -> int:
+    """How many CPUs the processes of the cgroup ``folder`` and the groups below it
+    may run on together (the union of their affinities; 0 when none can be read):
+    what a quota on that group can fill (:data:`SEARCH_LIMIT` groups at most)."""
+    cpus = set()
+    for looked, (group, _, _) in enumerate(os.walk(folder), 1):
+        try:
+            pids = read_text(os.path.join(group, "cgroup.procs")).split()
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                cpus |= os.sched_getaffinity(int(pid))
+            except (OSError, ValueError, AttributeError):
+                pass
+        if looked >= SEARCH_LIMIT:
+            break
+    return len(cpus)
 
 
 def usable_cpus() -> int:

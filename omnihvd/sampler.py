@@ -161,14 +161,16 @@ class HeterogeneousBatchSampler(Sampler):
         full_steps = self.num_samples // B
         start = self._pass_start = self._resume_step
         base = self.schedule.current_step - start
+        # decided once for the pass (asked again at hand-out, with the bounds of a later
+        # step, the answer could differ between ranks that hand out at different steps)
+        partial = self._partial()
         if self.train:
             self._epoch_base = base
             restart = getattr(self.schedule, "restart_pass", None)
             if restart is not None:   # a pass left early handed out steps never run
-                partial = self._partial()
                 restart((base + full_steps, partial) if partial else None)
-        for j in range(start, self.steps_per_epoch):
-            total = B if j < full_steps else self._partial()
+        for j in range(start, full_steps + (1 if partial else 0)):
+            total = B if j < full_steps else partial
             if self.train:
                 sizes = self.schedule.issue(base + j, total)
             else:  # the current split, recorded nowhere: the training schedule is untouched

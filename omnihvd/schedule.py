@@ -152,8 +152,13 @@ class SizeSchedule:
         return bool(train)
 
     def can_split(self, total: int) -> bool:
-        """Whether a partial step of ``total`` samples fits the bounds now."""
-        return self._partial(self.batch_sizes_at(self.step), total, self.step) is not None
+        """Whether a partial step of ``total`` samples fits the bounds: those in force
+        at the running pass's partial step when it has one of ``total`` samples (the
+        same answer all through the pass, on every rank), else those now."""
+        step = self.step
+        if self._partial_step is not None and self._partial_step[1] == total:
+            step = max(self._partial_step[0], self.step)
+        return self._partial(self.batch_sizes_at(step), total, step) is not None
 
     @property
     def issued_upto(self) -> int:

@@ -583,6 +583,7 @@ class TimedIterable:
         seen: called with each item before it is yielded (the callback checks its
             length at the next ``on_batch_begin``).
         clock: seconds (default ``time.perf_counter``).
+        ended: called when an iteration reaches the end of ``iterable``.
 
     >>> seen = []
     >>> clock = iter([0.0, 1.0, 1.0, 1.5, 2.0, 2.25, 3.0]).__next__
@@ -594,11 +595,13 @@ class TimedIterable:
     def __init__(self, iterable: Iterable, charge: Callable[[float], None],
                  restart: Optional[Callable[[], None]] = None,
                  seen: Optional[Callable[[object], None]] = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 ended: Optional[Callable[[], None]] = None):
         self.iterable = iterable
         self._charge = charge
         self._restart = restart
         self._seen = seen
+        self._ended = ended
         self._clock = clock
 
     def __len__(self):
@@ -620,6 +623,8 @@ class TimedIterable:
             try:
                 item = next(it)
             except StopIteration:
+                if self._ended is not None:
+                    self._ended()
                 return
             elapsed = self._clock() - begin
             self._charge(float("nan") if starting else elapsed)

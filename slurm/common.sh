@@ -190,7 +190,8 @@ omnihvd_finish() {
             # e.g. submitted with --no-requeue, or a site that disables it: the job
             # stopped part-way, which is not a success
             echo "omnihvd-slurm: Slurm refused to requeue job $SLURM_JOB_ID; training" \
-                "stopped at its checkpoint (kept): resubmit to go on" >&2
+                "stopped at its checkpoint (kept, named above): resubmit with the training" \
+                "script's --resume CHECKPOINT to go on" >&2
             exit "$OMNIHVD_REQUEUE_EXIT"
         fi
         exit 0

@@ -16,7 +16,8 @@ rank stop at the same step; rank 0 saves the model, the optimizer, the callback'
 the sampler's state to PATH, and every rank exits with status 85, which the batch
 script answers with ``scontrol requeue``. A requeued run (``SLURM_RESTART_COUNT`` > 0,
 or a run outside Slurm) that finds PATH resumes from it; a first run ignores one (a
-job id that a fresh Slurm controller gave out again). Every rank must see PATH: a
+job id that a fresh Slurm controller gave out again). ``--resume FILE`` resumes from
+FILE in any case (a resubmission where Slurm refused the requeue). Every rank must see PATH: a
 rank that does not see it while another does is an error on every rank. SIGUSR1 is
 caught from the script's first line on; anything else in the job step that gets it
 (a wrapper script, a DataLoader worker started by "spawn" or "forkserver") must
@@ -69,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--checkpoint", help="checkpoint file: resume from it if present, "
                    "write it on SIGUSR1 and exit %d" % REQUEUE_EXIT)
+    p.add_argument("--resume", help="resume from this checkpoint, whatever the restart count "
+                   "(a resubmission of a job whose requeue was refused)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds every rank sleeps per step (stretches a demo job)")
     p.add_argument("--ms-per-sample", type=float, default=0.0,
@@ -121,9 +124,10 @@ def main(argv=None):
     loader = DataLoader(dataset, batch_sampler=sampler)
 
     resumed_from = None
-    if resume_from(args.checkpoint, restart, rank, size):
+    source = args.resume or args.checkpoint
+    if resume_from(source, restart, rank, size, asked=bool(args.resume)):
         # Every rank reads the same file (a shared file system), so all agree.
-        state = torch.load(args.checkpoint, weights_only=False)
+        state = torch.load(source, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         cb.load_state_dict(state["callback"])
@@ -137,7 +141,7 @@ def main(argv=None):
     emit("rank=%d size=%d node=%s restart=%d slow=%s" % (rank, size, node, restart, slow))
     if rank == 0 and resumed_from is not None:
         emit("resumed step=%d batch_sizes=%s epoch=%d from %s"
-             % (resumed_from, list(cb.batch_sizes), sampler.epoch, args.checkpoint))
+             % (resumed_from, list(cb.batch_sizes), sampler.epoch, source))
 
     loss_fn = nn.CrossEntropyLoss()
     first_loss = last_loss = None
@@ -198,11 +202,14 @@ def main(argv=None):
     return 0
 
 
-def resume_from(path, restart, rank, size) -> bool:
+def resume_from(path, restart, rank, size, asked=False) -> bool:
     """Whether this run resumes from the checkpoint ``path`` (the same answer on every
-    rank): only a requeued run (or one outside Slurm), and only if every rank sees it."""
-    requeued = restart > 0 or "SLURM_JOB_ID" not in os.environ
+    rank): ``asked`` (--resume), or a requeued run (or one outside Slurm) that finds
+    it; only if every rank sees it."""
+    requeued = asked or restart > 0 or "SLURM_JOB_ID" not in os.environ
     found = bool(path) and os.path.exists(path)
+    if asked and not found:
+        raise SystemExit("%s --resume %s: no such file on rank %d" % (PREFIX, path, rank))
     if found and not requeued and rank == 0:
         emit("ignoring %s: this job was not requeued (restart 0), so it is not this job's "
              "checkpoint (a job id given out again); starting from step 0" % path)

@@ -253,6 +253,48 @@ def test_a_loop_without_the_sampler_or_a_check_is_warned_once(data, caplog):
         assert len(said) == (0 if checked else 1), (checked, said)
 
 
+@pytest.mark.parametrize("replaced_at", [3, 6])
+def test_a_batch_fetched_in_place_of_the_steps_own_is_refused(data, replaced_at):
+    # A NaN guard inside the step (xb = next(it)) after the step's own batch was checked
+    # at on_batch_begin: the replacement is not the next step's, fetched ahead -- the
+    # loop fetches again (step 3), or the loader ends (step 6 takes the epoch's last,
+    # partial batch), before the next step begins
+    x, y = data.tensors
+    model, opt, cb = build(adjust_every=4)
+    sampler = omnihvd.HeterogeneousBatchSampler(60, cb, drop_last=False)   # 7 x 8, then 4
+    loader = DataLoader(TensorDataset(x[:60], y[:60]), batch_sampler=sampler)
+    cb.on_train_begin()
+    batches = iter(cb.wrap(loader))
+    with pytest.raises(ConfigError, match="trained in place of the step's own .* or skipped"):
+        for i, (xb, yb) in enumerate(batches):
+            cb.on_batch_begin()
+            if i == replaced_at:
+                xb, yb = next(batches)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+            cb.on_batch_end()
+    cb.on_train_end()
+
+
+def test_batches_checked_at_on_batch_end_are_not_warned_about(data, caplog):
+    # no sampler, each batch fetched just after on_batch_begin: checked at on_batch_end
+    x, y = data.tensors
+    model, opt, cb = build(adjust_every=4)
+    batches = iter(cb.wrap(DataLoader(TensorDataset(x, y), batch_size=B)))
+    with caplog.at_level(logging.WARNING, logger="omnihvd"):
+        cb.on_train_begin()
+        for step in range(3):
+            cb.on_batch_begin(batch=step)   # a Keras-style index: the wrapped batch counts
+            xb, yb = next(batches)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+            cb.on_batch_end()
+        cb.on_train_end()
+    assert not [r for r in caplog.records if "no HeterogeneousBatchSampler" in r.getMessage()]
+
+
 def test_first_window_drops_its_settle_steps(data):
     model, opt, cb = build(adjust_every=4, settle_steps=2, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)

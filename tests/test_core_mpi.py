@@ -116,11 +116,13 @@ def test_a_loop_that_fetches_the_next_batch_before_on_batch_end(workers, every, 
     assert adjustments >= 1 and distinct == handed == 200, done
 
 
-def test_a_cap_lowered_before_a_partial_step_holds_from_the_same_step_on_every_rank():
+@pytest.mark.parametrize("mode", [[], ["multiple"]])
+def test_a_cap_lowered_before_a_partial_step_holds_from_the_same_step_on_every_rank(mode):
     # rank 0's loader (2 processes) cut the epoch's partial step before the decision
     # that lowered its cap, rank 1's (none) after it: they cut it with different caps
-    # ([11, 3] and [9, 5]: weights summing to 2.29, 2 samples twice) before the fix
-    out = mpirun(2, os.path.join(HERE, "oom_partial.py"), timeout=200).stdout
+    # ([11, 3] and [9, 5]: weights summing to 2.29, 2 samples twice) before the fix;
+    # "multiple": no split fits the new caps, and the rank that asked late crashed
+    out = mpirun(2, os.path.join(HERE, "oom_partial.py"), *mode, timeout=200).stdout
     assert "OOM-PARTIAL-OK" in out, out[-3000:]
 
 

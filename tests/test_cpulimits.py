@@ -109,24 +109,35 @@ def test_a_mount_name_that_is_not_utf8_is_read(tmp_path):
 
 def test_a_group_outside_the_mounts_view_is_found_by_its_procs_or_not_at_all(tmp_path):
     # A cgroup namespace whose cgroup filesystem was mounted outside it: mountinfo's
-    # root reads /.. and /proc/self/cgroup reads /; the group is the one that lists us.
+    # root reads /.. and /proc/self/cgroup reads /; the group is the one that lists our
+    # main thread (v1: in "tasks"; a parent holding another of our threads lists the
+    # process in its cgroup.procs, and comes first in the walk)
+    pid = os.getpid()
     files = {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
              "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
+             "/sys/fs/cgroup/cpu/cgroup.procs": "1\n%d\n" % pid,
+             "/sys/fs/cgroup/cpu/tasks": "1\n%d\n" % (pid + 1),
              "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "30000\n",
              "/sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "100000\n",
-             "/sys/fs/cgroup/cpu/job/cgroup.procs": "1\n%d\n" % os.getpid(),
-             "/sys/fs/cgroup/cpu/other/cgroup.procs": "%d1\n" % os.getpid()}
+             "/sys/fs/cgroup/cpu/job/tasks": "1\n%d\n" % pid,
+             "/sys/fs/cgroup/cpu/other/tasks": "%d1\n" % pid}
     root = fake_tree(tmp_path / "ns", V1_MOUNT % ("/..", "", "cpu"), "1:cpu:/\n", files)
     (controller, folder), = cpuquota.cpu_groups(root=root)
     assert folder == os.path.join(root, "sys/fs/cgroup/cpu/job")
     assert cpuquota.cpu_quota_cores(root=root) == pytest.approx(0.3)
     # nothing lists us: not visible (and a path with .. never leaves the mount)
-    del files["/sys/fs/cgroup/cpu/job/cgroup.procs"]
+    del files["/sys/fs/cgroup/cpu/job/tasks"]
     for tag, cgroup in (("a", "1:cpu:/\n"), ("b", "1:cpu:/../../x\n")):
         mount_root = "/.." if tag == "a" else "/"
         lost = fake_tree(tmp_path / tag, V1_MOUNT % (mount_root, "", "cpu"), cgroup, files)
         assert [folder for _, folder in cpuquota.cpu_groups(root=lost)] == [None]
         assert cpuquota.cpu_quotas(root=lost) == []
+    # a group not found is not searched for again (the callback asks after every
+    # adjustment), until /proc/self/cgroup shows the process elsewhere
+    (tmp_path / "a/sys/fs/cgroup/cpu/job/tasks").write_text("%d\n" % pid)
+    assert cpuquota.cpu_quotas(root=str(tmp_path / "a")) == []
+    (tmp_path / "a/proc/self/cgroup").write_text("1:cpu:/job\n")
+    assert cpuquota.cpu_quota_cores(root=str(tmp_path / "a")) == pytest.approx(0.3)
 
 
 def test_quota_group_writes_v1_and_v2_files_and_checks_values(tmp_path):

@@ -1,6 +1,8 @@
 """The pure parts of `omnihvd doctor`: reading /proc maps, naming MPI families, and
 each check's verdict on given facts. The doctor run on a real install (and on broken
 ones) is test_doctor.py."""
+import os
+
 import pytest
 
 from omnihvd.tools import doctor
@@ -150,3 +152,18 @@ def test_a_cpu_cgroup_that_cannot_be_seen_is_said(tmp_path):
     (bare / "cgroup").write_text("")
     check = doctor._check_cpu_quota(root=str(tmp_path / "b"), cpus=1)
     assert check.status == "OK" and "no CFS quota can be seen" in check.detail
+
+
+def test_a_long_period_on_a_group_whose_processes_use_more_cpus_warns(tmp_path):
+    # A container's 1 core per 100 ms, shared by processes that may run on more CPUs
+    # than this one (here: this test, on every CPU, while the check is told 1 CPU):
+    # the group can be throttled although this process alone could not use more.
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process that may run on 2 CPUs or more")
+    root = fake_cgroup_root(tmp_path, 100000, 100000)
+    group = tmp_path / "sys/fs/cgroup/cpu,cpuacct/docker/c1"
+    alone = doctor._check_cpu_quota(root=root, cpus=1)
+    assert alone.status == "OK", alone
+    (group / "cgroup.procs").write_text("%d\n" % os.getpid())
+    shared = doctor._check_cpu_quota(root=root, cpus=1)
+    assert shared.status == "WARN" and "cpu-period" in shared.fix, shared

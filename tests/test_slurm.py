@@ -560,3 +560,9 @@ def test_a_first_run_ignores_a_checkpoint_it_did_not_write(tmp_path):
     assert "ignoring %s: this job was not requeued" % stale in proc.stdout, proc.stdout[-3000:]
     result = json.loads(proc.stdout.split("omnihvd-job: result ")[1].splitlines()[0])
     assert result["steps"] == 4 and result["resumed_from"] is None, result
+    # --resume (after a refused requeue) is asked for: a file missing is an error
+    proc = run_bounded(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+                        sys.executable, os.path.join(ROOT, "slurm", "train_job.py"),
+                        "--steps", "4", "--resume", str(tmp_path / "gone.pt")], 120, env)
+    assert proc.returncode != 0 and "--resume %s: no such file" % (tmp_path / "gone.pt") \
+        in proc.stdout, proc.stdout[-3000:]

@@ -522,8 +522,9 @@ def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
     """WARN when this process runs under a CFS quota with a long period, or under a
     quota of fewer cores than the ``cpus`` it may run on (default: its affinity), or
     when its cpu cgroup cannot be found; see docs/cpu-quotas.rst. A quota of at least
-    ``cpus`` cores cannot throttle, whatever its period."""
-    from ..cpuquota import SPREAD_FIX, cpu_groups, cpu_quotas, quota_spread, usable_cpus
+    as many cores as its group's processes may use CPUs cannot throttle, whatever its
+    period."""
+    from ..cpuquota import SPREAD_FIX, cpu_groups, cpu_quotas, group_cpus, quota_spread, usable_cpus
 
     cpus = usable_cpus() if cpus is None else cpus
     unseen = "; if the job runs under a quota, pass cpu_quota=<cores> to the callback"
@@ -543,7 +544,9 @@ def _check_cpu_quota(root: str = "/", cpus: Optional[int] = None) -> Check:
     detail = "; ".join("%.2f cores per %g ms (%s)" % (q.cores, q.period_us / 1000, q.path)
                        for q in quotas)
     problems, fixes = [], []
-    if any(q.period_us > QUOTA_PERIOD_LIMIT_US and q.cores < cpus for q in quotas):
+    # a quota throttles only where its group's processes can use more CPUs than it gives
+    if any(q.period_us > QUOTA_PERIOD_LIMIT_US and q.cores < max(group_cpus(q.path), cpus)
+           for q in quotas):
         problems.append("with a period this long, a rank that polls in MPI while waiting for "
                         "its peers uses up its quota and stalls for the rest of the period "
                         "(plain Horovod at 100/60/30% of a core took 155 ms per step with a "

@@ -175,8 +175,8 @@ def summarize(steps: Sequence[dict], changes: Sequence[int] = (), *, tolerance: 
     have *converged* at the first step from which every later step's sizes stay
     within ``tolerance`` (relative, but at least ``slack`` samples) of the segment's
     final sizes. The steady window starts ``settle`` steps after that (and at least
-    ``warmup`` steps into the run); figures are means over it (a median would leave
-    out the steps that gather and decide).
+    ``warmup`` steps into the run); step and ideal times are means over it (a median
+    would leave out the steps that gather and decide), ``hooks_s`` a median.
 
     Args:
         steps: step records as written by :meth:`RunLog.step` (``step``, ``t``,
@@ -217,11 +217,12 @@ def summarize(steps: Sequence[dict], changes: Sequence[int] = (), *, tolerance: 
         window = rows[first:]
         begin = rows[0]["t"] - rows[0]["step_s"]
 
-        def mean(key):   # not a median: that would drop the steps that gather and decide
+        def mean(key, summary=np.mean):
             vals = [r[key] for r in window if r.get(key) is not None]
             vals = [v for v in vals if math.isfinite(v)]
-            return float(np.mean(vals)) if vals else float("nan")
+            return float(summary(vals)) if vals else float("nan")
 
+        # means, not medians: a median would leave out the steps that gather and decide
         step_s, ideal_s = mean("step_s"), mean("ideal_s")
         out.append({
             "start": lo, "end": hi,
@@ -231,7 +232,9 @@ def summarize(steps: Sequence[dict], changes: Sequence[int] = (), *, tolerance: 
             "seconds_to_converge": float(rows[conv - 1]["t"] - begin) if conv else 0.0,
             "step_s": step_s, "ideal_s": ideal_s,
             "efficiency": ideal_s / step_s if step_s > 0 else float("nan"),
-            "hooks_s": mean("hooks_s"),
+            # the hooks of a typical step: a mean would add the waits for the peers at
+            # the steps that gather, which are not the hooks' own cost
+            "hooks_s": mean("hooks_s", np.median),
             "sizes": [int(b) for b in sizes[-1]],
             "window": len(window),
         })
