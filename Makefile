@@ -1,5 +1,6 @@
 # The two commands of README.rst. Both run the idempotent set-up first.
-PY := .venv/bin/python
+# (.venv's python; before the set-up, test-unit runs on python3.)
+PY = $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 .PHONY: setup setup-slurm demo test test-unit test-fast clean
 
 setup:

@@ -535,6 +535,13 @@ def main(argv=None):
         if targets:
             print()
             print(telemetry.format_table(targets, TARGET_COLUMNS))
+            missed = sum(not t["met"] for t in targets)
+            if missed:
+                print("\n%d target(s) not met. Emulated speeds hold only while each step's "
+                      "real compute fits its emulated time: \"overrun %%\" is the share of "
+                      "steps where it did not, and other work on the machine (load average "
+                      "%.1f now) adds to the step times; rerun on a quiet machine before "
+                      "reading a miss as omnihvd's" % (missed, os.getloadavg()[0]))
         print("\nresults: %s (tables: %s.md)" % (os.path.relpath(path), os.path.relpath(path)[:-5]))
         plots = sorted({p for row in rows + tta for p in row.get("plots", [])})
         print("plots:\n" + "\n".join("  " + os.path.relpath(os.path.join(HERE, p)) for p in plots))

@@ -6,5 +6,7 @@
 # table and the paths of the plots. Extra arguments go to benchmarks/bench.py.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec bash "$HERE/run_bench.sh" --name demo --levels HL4 --dynamic dynamic:60 \
-    --variants plain,omnihvd --steps 120 --no-tta "$@"
+# Results go to benchmarks/results/local/ (not tracked): benchmarks/results/demo.* are
+# the run that docs/results.rst and benchmarks/RESULTS.md quote (--out to change).
+exec bash "$HERE/run_bench.sh" --name demo --out "$HERE/results/local" --levels HL4 \
+    --dynamic dynamic:60 --variants plain,omnihvd --steps 120 --no-tta "$@"

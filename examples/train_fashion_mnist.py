@@ -3,7 +3,7 @@
 Shaped like Horovod's examples/pytorch/pytorch_mnist.py; the omnihvd lines are
 marked "# omnihvd". Run it like any Horovod job:
 
-    horovodrun -np 4 .venv/bin/python examples/train_fashion_mnist.py --epochs 1
+    .venv/bin/horovodrun -np 4 .venv/bin/python examples/train_fashion_mnist.py --epochs 1
     mpirun -np 4 .venv/bin/python examples/train_fashion_mnist.py --slowdown 1,1,2,4
 
 --mode chooses how the global batch is split over the ranks:
@@ -50,9 +50,14 @@ def main():
     logging.basicConfig(level=logging.INFO if hvd.rank() == 0 else logging.WARNING,
                         format="%(message)s")
     torch.manual_seed(0)
+    # one GPU per rank where there are GPUs, as in Horovod's examples
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
     train = fashion_mnist("train", limit=args.limit)
     test = fashion_mnist("test", limit=2000)
-    model = SmallCNN()
+    model = SmallCNN().to(device)
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -88,6 +93,7 @@ def main():
             if cb is not None:
                 cb.on_batch_begin()                                                      # omnihvd
             begin = time.perf_counter()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -110,8 +116,9 @@ def main():
 
 def evaluate(model, dataset):
     model.eval()
+    device = next(model.parameters()).device
     with torch.no_grad():
-        x, y = dataset.tensors
+        x, y = (t.to(device) for t in dataset.tensors)
         return float((model(x).argmax(1) == y).float().mean())
 
 

@@ -209,8 +209,10 @@ def _optimizer_op(optimizer):
         return True
     if op == hvd.Sum:
         return False
-    raise ConfigError("omnihvd supports op=hvd.Average and op=hvd.Sum, got op=%r (Adasum "
-                      "combines gradients non-linearly, so batch-size weights cannot apply)" % (op,))
+    names = {getattr(hvd, n, None): "hvd." + n for n in ("Adasum", "Min", "Max", "Product")}
+    raise ConfigError("omnihvd supports op=hvd.Average and op=hvd.Sum, got op=%s (Adasum "
+                      "combines gradients non-linearly, so batch-size weights cannot apply)"
+                      % names.get(op, repr(op)))
 
 
 def weighted_parameters(model, optimizer) -> List:

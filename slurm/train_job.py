@@ -114,8 +114,14 @@ def main(argv=None):
     slow = node in args.slow_nodes.split(",") or str(rank) in args.slow_ranks.split(",")
     emulated_per_sample = args.ms_per_sample / 1000.0 * (args.slowdown if slow else 1.0)
 
+    # one GPU per rank where there are GPUs (--gpus-per-node with one rank per GPU)
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
     dataset = synthetic_data(args.samples, args.features)
-    model = nn.Sequential(nn.Linear(args.features, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = nn.Sequential(nn.Linear(args.features, 64), nn.ReLU(),
+                          nn.Linear(64, 10)).to(device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
                                    named_parameters=model.named_parameters())
     cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,
@@ -127,7 +133,7 @@ def main(argv=None):
     source = args.resume or args.checkpoint
     if resume_from(source, restart, rank, size, asked=bool(args.resume)):
         # Every rank reads the same file (a shared file system), so all agree.
-        state = torch.load(source, weights_only=False)
+        state = torch.load(source, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         cb.load_state_dict(state["callback"])
@@ -153,6 +159,7 @@ def main(argv=None):
         cb.on_epoch_begin(epoch)
         for x, y in loader:
             cb.on_batch_begin()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()

@@ -26,6 +26,10 @@ def test_plots_and_cli(tmp_path, capsys):
                        for kind in ("batch-sizes", "step-time", "accuracy")]
     assert cli.main(["plot", str(tmp_path / "nope.log")]) == 2
     assert "cannot read run log" in capsys.readouterr().err
+    # plain's and omnihvd's logs together: named after both, not the first one
+    both = telemetry.plot_logs([str(tmp_path / "run-plain.log"), str(tmp_path / "run-omnihvd.log")],
+                               out_dir=str(out))
+    assert both[0] == str(out / "run-batch-sizes.png"), both
 
 
 def test_no_accuracy_plot_without_evaluations(tmp_path):

@@ -78,10 +78,12 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 torch_version() { "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true; }
 TORCH_VERSION="$(torch_version)"   # e.g. 2.13.0+cpu; empty when torch does not import
 if [ "$TORCH_WANTED" = keep ]; then
+    # a .venv made before (by make demo, say) without the base python's packages
+    # would keep its own torch -- the CPU wheel -- instead of the site's
+    grep -qi '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" ||
+        die "OMNIHVD_TORCH=keep, but $VENV was made without the base python's packages" \
+            "rm -rf $VENV and rerun with OMNIHVD_TORCH=keep"
     if [ -z "$TORCH_VERSION" ]; then
-        grep -qi '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" ||
-            die "OMNIHVD_TORCH=keep, but $VENV was made without the base python's packages" \
-                "rm -rf $VENV and rerun with OMNIHVD_TORCH=keep"
         die "OMNIHVD_TORCH=keep, but $BASE_PYTHON has no working torch" "install torch >= 2.1 into it, or unset OMNIHVD_TORCH"
     fi
     case "$TORCH_VERSION" in
@@ -125,7 +127,7 @@ if ! horovod_ok; then
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
         command -v g++ >/dev/null || apt_install g++ || die "no C++ compiler (g++)" "install g++ and rerun"
         command -v cmake >/dev/null || apt_install cmake || die "no cmake" "install cmake (>= 3.13) and rerun"
-        say "building horovod $HOROVOD_VERSION with PyTorch + MPI + Gloo (about 3 minutes on 2 cores)"
+        say "building horovod $HOROVOD_VERSION with PyTorch + MPI + Gloo (about 10 minutes of CPU time, once: the wheel is cached)"
         mkdir -p "$CACHE/bin"
         # horovod's CMakeLists forces C++14; torch >= 2.1 headers need C++17. The last
         # -std flag wins, so appending one fixes every compile without patching horovod.

@@ -6,6 +6,7 @@ command runs, so ``omnihvd doctor`` works even when torch or horovod is broken.
 """
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["main", "COMMANDS", "positive"]
@@ -72,6 +73,10 @@ def main(argv=None):
     except OmniHvdError as exc:  # bad input: a message, not a traceback
         print("omnihvd %s: %s" % (args.command, exc), file=sys.stderr)
         return 2
+    except BrokenPipeError:   # the reader left (omnihvd doctor --json | head): stop quietly,
+        # with stdout on /dev/null so that Python's flush at exit raises nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

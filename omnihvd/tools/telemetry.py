@@ -275,7 +275,8 @@ def plot_logs(paths: Sequence[str], out_dir: Optional[str] = None, prefix: Optio
     Args:
         paths: one or more run logs (e.g. plain Horovod and omnihvd of one level).
         out_dir: folder for the PNGs (default: the first log's folder).
-        prefix: file-name prefix (default: the first log's name without extension).
+        prefix: file-name prefix (default: the first log's name without extension,
+            with a trailing "-plain" or "-omnihvd" left off: the plots show all the logs).
         smooth: rolling-median window for the step times.
 
     Returns:
@@ -296,7 +297,11 @@ def plot_logs(paths: Sequence[str], out_dir: Optional[str] = None, prefix: Optio
     import matplotlib.pyplot as plt
 
     out_dir = out_dir or os.path.dirname(os.path.abspath(paths[0]))
-    prefix = prefix or os.path.splitext(os.path.basename(paths[0]))[0]
+    if prefix is None:
+        prefix = os.path.splitext(os.path.basename(paths[0]))[0]
+        for variant in ("-plain", "-omnihvd"):
+            if len(paths) > 1 and prefix.endswith(variant):
+                prefix = prefix[:-len(variant)]
     os.makedirs(out_dir, exist_ok=True)
     written = []
 
