@@ -44,6 +44,14 @@ def build(op=None, **options):
     return model, opt, cb
 
 
+def fit(model, opt, cb, x, y):
+    """One step's work inside the pair, then on_batch_end()."""
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    cb.on_batch_end()
+
+
 def train(model, opt, cb, sampler, dataset, epochs, *, explicit_sync=False, mark=False,
           max_steps=None, first_epoch=0):
     """The README's loop; returns every batch's sample indices in order."""
@@ -244,10 +252,7 @@ def test_a_loop_without_the_sampler_or_a_check_is_warned_once(data, caplog):
             for step in range(4):
                 batch = (x[:cb.batch_size], y[:cb.batch_size])
                 cb.on_batch_begin(batch=batch if checked else None)
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
-                opt.step()
-                cb.on_batch_end()
+                fit(model, opt, cb, *batch)
             cb.on_train_end()
         said = [r for r in caplog.records if "no HeterogeneousBatchSampler" in r.getMessage()]
         assert len(said) == (0 if checked else 1), (checked, said)
@@ -270,10 +275,7 @@ def test_a_batch_fetched_in_place_of_the_steps_own_is_refused(data, replaced_at)
             cb.on_batch_begin()
             if i == replaced_at:
                 xb, yb = next(batches)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(xb), yb).backward()
-            opt.step()
-            cb.on_batch_end()
+            fit(model, opt, cb, xb, yb)
     cb.on_train_end()
 
 
@@ -286,11 +288,7 @@ def test_batches_checked_at_on_batch_end_are_not_warned_about(data, caplog):
         cb.on_train_begin()
         for step in range(3):
             cb.on_batch_begin(batch=step)   # a Keras-style index: the wrapped batch counts
-            xb, yb = next(batches)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(xb), yb).backward()
-            opt.step()
-            cb.on_batch_end()
+            fit(model, opt, cb, *next(batches))
         cb.on_train_end()
     assert not [r for r in caplog.records if "no HeterogeneousBatchSampler" in r.getMessage()]
 
