@@ -75,6 +75,12 @@ __all__ = ["OmniLearnCallback"]
 log = logging.getLogger("omnihvd")
 
 
+def _sampler_place(sampler) -> tuple:
+    """What every rank's sampler must share: its settings, epoch and position."""
+    return (sampler.num_samples, sampler.seed, sampler.shuffle, sampler.drop_last,
+            sampler.epoch, sampler.position())
+
+
 class OmniLearnCallback(ScheduledSizes):
     """OmniLearn dynamic batch sizing for a Horovod PyTorch training loop.
 
@@ -396,16 +402,15 @@ class OmniLearnCallback(ScheduledSizes):
         fp["resume"] = (self.step, self.batch_sizes, self.schedule.upcoming(),
                         zlib.crc32(json.dumps(self.controller.state_dict(),
                                               sort_keys=True).encode()))
-        fp["samplers"] = [(s.num_samples, s.seed, s.shuffle, s.drop_last, s.epoch,
-                           s.position()) for s in self.schedule.samplers]
+        fp["samplers"] = [_sampler_place(s) for s in self.schedule.samplers]
         return fp
 
-    def _sampler_place(self) -> tuple:
+    def _training_sampler_place(self) -> tuple:
         """The training sampler's settings and place, which every rank's must match at
         each gather (one created, loaded or set to an epoch differently on some rank
         after on_train_begin would repeat samples, or end the epochs apart)."""
-        return tuple((s.num_samples, s.seed, s.shuffle, s.drop_last, s.epoch, s.position())
-                     for s in self.schedule.samplers if getattr(s, "train", False))
+        return tuple(_sampler_place(s) for s in self.schedule.samplers
+                     if getattr(s, "train", False))
 
     def _configure_timer(self):
         """Device sync and CPU quota for the timer (the model may have moved to its
@@ -765,7 +770,7 @@ class OmniLearnCallback(ScheduledSizes):
         cpuset = cpuset_key()   # a re-pin shows at once
         row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.decision_lookahead,
                           self._cap, self._host, cpuset, self._kind(cpuset),
-                          agreed=self._sampler_place())
+                          agreed=self._training_sampler_place())
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:

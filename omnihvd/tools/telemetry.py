@@ -217,13 +217,13 @@ def summarize(steps: Sequence[dict], changes: Sequence[int] = (), *, tolerance: 
         window = rows[first:]
         begin = rows[0]["t"] - rows[0]["step_s"]
 
-        def mean(key, summary=np.mean):
+        def over_window(key, summary):
             vals = [r[key] for r in window if r.get(key) is not None]
             vals = [v for v in vals if math.isfinite(v)]
             return float(summary(vals)) if vals else float("nan")
 
         # means, not medians: a median would leave out the steps that gather and decide
-        step_s, ideal_s = mean("step_s"), mean("ideal_s")
+        step_s, ideal_s = over_window("step_s", np.mean), over_window("ideal_s", np.mean)
         out.append({
             "start": lo, "end": hi,
             "adjustments": int(moved.sum()),
@@ -234,7 +234,7 @@ def summarize(steps: Sequence[dict], changes: Sequence[int] = (), *, tolerance: 
             "efficiency": ideal_s / step_s if step_s > 0 else float("nan"),
             # the hooks of a typical step: a mean would add the waits for the peers at
             # the steps that gather, which are not the hooks' own cost
-            "hooks_s": mean("hooks_s", np.median),
+            "hooks_s": over_window("hooks_s", np.median),
             "sizes": [int(b) for b in sizes[-1]],
             "window": len(window),
         })
