@@ -11,8 +11,9 @@ balancer on server 0, the simulator -- runs this rhythm:
    error, sample count, then an empty window; with ``arrivals``, also the local time
    of each of the window's last steps, and with ``releases`` the moment each step's
    synchronize returned, aligned by step) and the ranks exchange their measurements.
-   The synchronous callback posts the allgather at that step's wait boundary (its
-   local time is final there) and completes it at the same step's end;
+   The synchronous callback closes the window of the steps before it at the
+   gathering step's start, posts the allgather there and completes it at the same
+   step's end: it then waits for no more than the gradients' allreduce does;
 3. **decide**: every rank runs :meth:`Cadence.decide` on the same gathered numbers,
    so every rank reaches the same verdict: nothing while a change is pending (its
    samples would describe the old sizes), nothing when a rank has no valid sample,
@@ -269,14 +270,17 @@ class Cadence:
         return [int(b) for b in current]
 
     def decide(self, step: int, sizes, times, errors=None, counts=None, *,
-               lookahead: int = 0, periods=None, period_errors=None,
-               arrivals=None, releases=None, hosts=None, cpusets=None,
+               measured_upto: Optional[int] = None, lookahead: int = 0, periods=None,
+               period_errors=None, arrivals=None, releases=None, hosts=None, cpusets=None,
                arrived_at=None, kinds=None) -> Decision:
         """Decide from one gather; every rank gets the same result from the same data.
 
         Args:
-            step: the step that closed the window.
+            step: the step whose end the decision follows.
             sizes: the sizes the window was measured at (one per rank).
+            measured_upto: the window's last step (default ``step``; the synchronous
+                callback posts the gather at ``step``'s start, so ``step - 1``): a
+                change not yet timed by then leaves nothing to decide on.
             times, errors, counts: the gathered measurements (one per rank).
             lookahead: steps beyond ``step`` some rank has already handed out.
             periods, period_errors: the gathered step periods and their errors (one
@@ -297,7 +301,7 @@ class Cadence:
             ``effective_step`` on.
         """
         sizes = [int(b) for b in sizes]
-        if self.pending(step) is not None:
+        if self.pending(step if measured_upto is None else measured_upto) is not None:
             return Decision(step, sizes, None, False, None,
                             "a change from step %d is not measured yet" % self._pending[0])
         times = np.asarray(times, dtype=np.float64)
@@ -311,7 +315,7 @@ class Cadence:
         lags = None if releases is None or hosts is None or cpusets is None else release_lags(
             releases, hosts, cpusets, arrived_at)
         offsets = (None if arrived_at is None or hosts is None or not self._lead
-                   else arrival_offsets(arrived_at, hosts))
+                   else arrival_offsets(arrived_at, hosts, releases))
         tuner = self.tuner
         if tuner is None:
             new = self.controller.decide(sizes, times, errors if use_errors else None,

@@ -98,16 +98,23 @@ class OmniLearnCallback(ScheduledSizes):
             (default 0.02; the noise gate, not the dead band, keeps noise from moving
             the split: see :data:`omnihvd.controller.DEFAULT_DEADBAND`).
         gain: controller gain K (default 1.0).
-        adjust_every: steps between adjustments (default 20).
+        adjust_every: steps between adjustments (default 20). A window holds the
+            ``adjust_every`` steps before the step that gathers, so the first one
+            ``adjust_every - 1``; a change is decided on again at the first gather
+            whose window holds a step at the new sizes past ``settle_steps`` (at least
+            ``settle_steps + 2`` plus the loader's look-ahead to decide at every
+            gather after a change).
         policy: ``"affine"`` (default; time model a + c*b) or ``"proportional"``
             (the paper's controller).
         settle_steps: steps not timed after each size change (default 1).
         timing: window summary: ``"sustained"`` (default; the mean with rare pauses
             clipped, robust to bursty CPU), ``"median"`` or ``"mean"``
             (docs/timing.rst).
-        nonblocking: post the allgather at the wait boundary so that it runs beside
-            the step's gradient synchronisation (default True); False posts it in
-            ``on_batch_end`` and waits there.
+        nonblocking: post the allgather at the start of the step that gathers, so
+            that it runs beside the step's work and gradient synchronisation and
+            waits for no slower rank's work (default True; the window is then the
+            ``adjust_every`` steps before it); False posts it in ``on_batch_end``,
+            after the step's work, and waits there.
         comm: None (Horovod's own allgather: safe at any shutdown order), or the
             mpi4py communicator given to ``hvd.init(comm=...)`` (then mpi4py owns
             MPI and finalises it only at its own exit).
@@ -352,6 +359,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._warned_spread = False  # quota_spread is logged once per rank
         self._weight = GradientWeight(1.0)
         self._pending = None          # the posted gather of this step
+        self._window_end = None       # the last step whose time that gather carries
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
         self._unchecked = None        # the batch cb.wrap last yielded, not yet checked
@@ -552,9 +560,11 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
-        # a gather posted at opt.step() whose on_batch_end never came (a break): it ran
-        # on every rank; settle it before this step runs again and posts its own
-        self._waiting_for_peers(self._drop_pending)
+        # A step begun again (its on_batch_end never came: a break, a NaN guard's
+        # continue) keeps the gather its first on_batch_begin posted, with that window;
+        # a gather of another step (the step was rewound since) is settled unused.
+        if self._pending is not None and self._window_end != self.step - 1:
+            self._waiting_for_peers(self._drop_pending)
         self._check_training_sampler()
         sizes = self.schedule.batch_sizes_at(self.step)
         self._begun_step, self._updated = self.step, False
@@ -562,6 +572,12 @@ class OmniLearnCallback(ScheduledSizes):
             if self._began is not None and self._began[0] == self.step - 1:
                 self.cadence.record_period(t0 - self._began[1])  # before a new window opens
             self._began = (self.step, t0)
+        if self.nonblocking and self.cadence.gathers_at(self.step) and self._pending is None:
+            # The window holds the steps before this one. Posted now, the gather runs
+            # beside this step's work and waits only for peers that began this step,
+            # as the gradients' allreduce already does; posted after this step's work
+            # it would also wait for the slowest rank's work within the step.
+            self._post(window_end=self.step - 1)
         self._step_sizes = sizes
         if batch is None or isinstance(batch, int):   # cb.wrap's batch for this step, if any
             batch = self._unchecked
@@ -716,25 +732,16 @@ class OmniLearnCallback(ScheduledSizes):
             self._updated = True   # the model moved; on_batch_end has not counted the step
 
     def _wait_boundary(self):
-        # The step's own work is done; next this rank waits for its peers. Later calls
-        # in the same step (Horovod's step() re-enters the hook) do nothing.
-        if not self._end_local_time():
-            return
-        t0 = time.perf_counter()
-        if self.nonblocking and self.cadence.gathers_at(self.step):
-            self._post()  # overlaps the gradient synchronize() that follows
-        self.overhead_seconds += time.perf_counter() - t0
-
-    def _end_local_time(self) -> bool:
-        """Stop the timer and offer the step's time to the window (dropped if it holds
-        a synchronize()); False if not running."""
+        """The step's own work is done; next this rank waits for its peers: stop the
+        timer and offer the step's time to the window (dropped if it holds a
+        synchronize()). Later calls in the same step (Horovod's step() re-enters the
+        hook; on_batch_end) do nothing."""
         if not self._timer.running:
-            return False
+            return
         self._drop_if_synchronized()
         self._timer.mark_wait()
         self._record()
         self._timer.stop()
-        return True
 
     def _released(self, now: float):
         """The gradients' synchronize returned at ``now`` (``time.perf_counter()``):
@@ -764,8 +771,10 @@ class OmniLearnCallback(ScheduledSizes):
         return this_kind(self._timer.cpu_cores, self._devices, self._host, cpuset,
                          self._size_class)
 
-    def _post(self):
-        self._record()
+    def _post(self, window_end: int):
+        """Close the timing window, whose last step is ``window_end``, and post its
+        gather (completed and decided on in this step's ``on_batch_end``)."""
+        self._window_end = window_end
         sizes = self.cadence.window_sizes or self.batch_sizes
         cpuset = cpuset_key()   # a re-pin shows at once
         row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.decision_lookahead,
@@ -803,16 +812,18 @@ class OmniLearnCallback(ScheduledSizes):
             self._warn_unchecked()
         # no wait boundary this step: no opt.step() call (a loop without one, or a step
         # GradScaler skipped)
-        self._end_local_time()
+        self._wait_boundary()
         # a step GradScaler skipped left Horovod's flag set; step() would have cleared
         # it, and the next step must not read it as its own synchronize()
         clear_synchronized_flag(self._optimizer)
-        if self.cadence.gathers_at(self.step) and self._pending is None:
-            self._post()  # no wait boundary this step (a loop without step()), or blocking
+        if not self.nonblocking and self.cadence.gathers_at(self.step):
+            self._post(window_end=self.step)  # blocking: after this step's work
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._decide(self._waiting_for_peers(pending.wait))
-            self._refresh_quota()  # a re-quota mid-run counts from the next window on
+            # a re-quota mid-run counts from the next step on (this step's sample,
+            # in the next window, was timed under the quota read before)
+            self._refresh_quota()
         self.schedule.advance()
         self._updated = False
         self._weight.refuse = self._outside_pair   # until the next on_batch_begin
@@ -902,6 +913,7 @@ class OmniLearnCallback(ScheduledSizes):
     def _decision(self, got, capped):
         """The cadence's verdict; with new caps a re-split even when timing is unusable."""
         decision = self.cadence.decide(self.step, got.sizes, got.times, got.errors, got.counts,
+                                       measured_upto=self._window_end,
                                        lookahead=got.lookahead, periods=got.periods,
                                        period_errors=got.period_errors, arrivals=got.arrivals,
                                        releases=got.releases, hosts=got.hosts,
@@ -935,7 +947,8 @@ class OmniLearnCallback(ScheduledSizes):
         ``cb.on_batch_end()`` so that the other ranks' allreduce completes: Horovod
         contributes zeros for the gradients this rank did not finish, so that one step
         uses fewer samples. This rank's cap becomes ``shrink`` times its current size;
-        at the next adjustment every rank lowers its copy of the cap and re-splits the
+        at the next adjustment posted after this call (its gather is posted in
+        ``on_batch_begin``) every rank lowers its copy of the cap and re-splits the
         global batch within the new caps (the dead band does not apply; see
         :mod:`omnihvd.caps`).
 

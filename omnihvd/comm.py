@@ -159,17 +159,19 @@ class HorovodComm:
         self._count += 1
         return "omnihvd.gather.%d" % self._count
 
-    def iallgather(self, values) -> PendingGather:
+    def iallgather(self, values, name: str = "omnihvd.timing") -> PendingGather:
         import torch
 
         row = torch.as_tensor(np.asarray(values, dtype=np.float64).reshape(1, -1))
-        # One fixed name: at most one such gather is in flight, and a recurring name
+        # A fixed name: at most one such gather is in flight, and a recurring name
         # lets Horovod's response cache skip the negotiation.
-        handle = self._hvd.allgather_async(row, name="omnihvd.timing")
+        handle = self._hvd.allgather_async(row, name=name)
         return PendingGather(lambda: self._hvd.synchronize(handle).numpy().copy())
 
     def allgather(self, values) -> np.ndarray:
-        return self.iallgather(values).wait()
+        # its own name: it may run while the step's timing gather is in flight
+        # (cb.global_count() inside a step that gathers)
+        return self.iallgather(values, name="omnihvd.values").wait()
 
     def allgather_object(self, obj, name: Optional[str] = None) -> List[Any]:
         """All ranks' ``obj``. ``name``: a fixed name for a gather that ranks of

@@ -52,10 +52,10 @@ Gathers
     The timings travel over the DDP model's own process group
     (:class:`~omnihvd.comm.TorchDistComm`: ``all_gather_into_tensor`` of a few
     float64 per rank). As for Horovod, the gather of an ``adjust_every`` window is
-    posted at the wait boundary -- here inside the hook, just before the last
-    bucket's allreduce, which is the same place in every rank's sequence of
-    collectives -- runs beside the gradient allreduces, and is completed in
-    ``on_batch_end`` of the same step. No collective is in flight between steps or
+    posted in ``on_batch_begin`` of the step that gathers -- before the forward
+    pass, so before that step's first collective on every rank -- runs beside the
+    step's work and its gradient allreduces, and is completed in ``on_batch_end`` of
+    the same step. No collective is in flight between steps or
     after the last one, so a rank that leaves the loop first leaves nothing behind
     for a slower one.
 
@@ -301,7 +301,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
 
     def _on_last_bucket(self, device):
         # The wait boundary: the timer's device_sync ("auto": the model's compute
-        # streams, never NCCL's) runs here, and a gather is posted when one is due.
+        # streams, never NCCL's) runs here.
         rebuilt = getattr(self._model, "_has_rebuilt_buckets", None)
         if rebuilt != self._buckets_rebuilt:
             # DDP rebuilt its buckets in this step's forward (once, in the second

@@ -49,7 +49,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["LEAD_WINDOWS", "LEAD_STEP", "MIN_LEAD_STEP", "DOMINANCE", "MAX_LEAD", "SIGNIFICANCE", "arrival_offsets", "lead_of", "ArrivalLead"]
+__all__ = ["LEAD_WINDOWS", "LEAD_STEP", "MIN_LEAD_STEP", "DOMINANCE", "MAX_LEAD", "SIGNIFICANCE",
+           "HELD_SLACK", "arrival_offsets", "lead_of", "ArrivalLead"]
 
 # Windows of steps pooled (one window sends up to 32).
 LEAD_WINDOWS = 4
@@ -76,15 +77,27 @@ SIGNIFICANCE = 3.0
 # Two arrivals of one step this far apart (seconds) mean the clocks compared are not
 # one clock: that step is left out.
 MAX_SPREAD = 1.0
+# A step in which a rank's synchronize returned more than this (seconds) before
+# another rank arrived did not hold the ranks together: that step is left out.
+HELD_SLACK = 0.002
 
 
-def arrival_offsets(arrived, hosts) -> Optional[np.ndarray]:
+def arrival_offsets(arrived, hosts, released=None) -> Optional[np.ndarray]:
     """Each rank's arrival relative to the step's last one (<= 0).
+
+    Only steps that held the ranks together say who holds the others up. Where the
+    allreduce completes before a rank arrives -- its gradients were all sent before
+    work that comes after the backward pass, as under sleep emulation, which sleeps
+    there -- the ranks do not wait for one another in that step, and the order of
+    their arrivals sets nothing.
 
     Args:
         arrived: ``(steps, ranks)`` moments each rank began to wait for the others,
             seconds on its machine's monotonic clock (NaN: none).
         hosts: one :func:`omnihvd.lags.host_key` per rank.
+        released: the same steps' moments each rank's synchronize returned (NaN:
+            none; None: not known): a step in which one was more than
+            :data:`HELD_SLACK` before another rank's arrival is left out.
 
     Returns:
         ``(steps, ranks)``, for the steps every rank has a moment of (and whose
@@ -93,12 +106,21 @@ def arrival_offsets(arrived, hosts) -> Optional[np.ndarray]:
 
     >>> arrival_offsets([[1.0, 1.012, 1.004], [2.0, float("nan"), 2.0]], hosts=[3.0] * 3).round(3)
     array([[-0.012,  0.   , -0.008]])
+    >>> arrival_offsets([[1.0, 1.012], [2.0, 2.012]], [3.0] * 2,
+    ...                 released=[[1.013, 1.013], [2.001, 2.013]]).round(3)   # step 2: not held
+    array([[-0.012,  0.   ]])
     """
     a = np.asarray(arrived, dtype=np.float64)
     h = np.asarray(hosts, dtype=np.float64)
     if a.ndim != 2 or a.shape[1] != h.size or np.unique(h).size != 1:
         return None
-    a = a[np.isfinite(a).all(axis=1)]
+    keep = np.isfinite(a).all(axis=1)
+    if released is not None and np.shape(released) == a.shape:
+        r = np.asarray(released, dtype=np.float64)
+        first = np.where(np.isfinite(r), r, np.inf).min(axis=1)
+        with np.errstate(invalid="ignore"):   # a step with a NaN arrival is out already
+            keep &= ~(first < a.max(axis=1) - HELD_SLACK)
+    a = a[keep]
     offsets = a - a.max(axis=1, keepdims=True)
     return offsets[offsets.min(axis=1) >= -MAX_SPREAD]
 

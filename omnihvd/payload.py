@@ -128,7 +128,7 @@ class Gathered(NamedTuple):
 
 
 def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
-    """Read the gathered ``(ranks, PAYLOAD_FIELDS)`` matrix of the window ending at ``step``.
+    """Read the gathered ``(ranks, PAYLOAD_FIELDS)`` matrix decided on at ``step``.
 
     Raises:
         RankMismatchError: the ranks' digests differ, i.e. they disagree on the

@@ -181,8 +181,8 @@ class SizeSchedule:
     def decision_lookahead(self) -> int:
         """The look-ahead a decision gathered now must clear: :attr:`lookahead`, and one
         more before the first step completes -- a loop that fetches its next batch
-        after ``opt.step()`` (where the gather is posted) hands out one more step
-        before the decision, and has no history yet that shows it."""
+        after ``opt.step()`` (after the gather was posted in ``on_batch_begin``) hands
+        out one more step before the decision, and has no history yet that shows it."""
         return self.lookahead + (not self._completed_one)
 
     @property

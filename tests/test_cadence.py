@@ -61,6 +61,17 @@ def test_no_decision_while_a_change_is_not_measured_yet():
     assert d.skipped is None and not d.changed and d.new_sizes == [20, 40]
 
 
+def test_a_window_that_ends_before_its_deciding_step_is_judged_at_its_own_end():
+    # the synchronous callback posts a gather at its step's start: the window ends a step
+    # before the decision; a change first measured at the deciding step is not in it
+    cad = cadence(settle_steps=1)
+    cad.decide(3, [30, 30], [0.4, 0.2], [0.0, 0.0], [3, 3])                  # effective at 4
+    d = cad.decide(5, [20, 40], [0.2, 0.2], [0.0, 0.0], [1, 1], measured_upto=4)
+    assert d.skipped and "step 4" in d.skipped
+    d = cad.decide(6, [20, 40], [0.3, 0.2], [0.0, 0.0], [1, 1], measured_upto=5)
+    assert d.skipped is None and d.changed and d.effective_step == 7
+
+
 def test_a_rank_without_valid_samples_skips_the_decision_naming_it():
     cad = cadence(n=3, B=30)
     for times, counts in (([0.1, math.nan, 0.1], [3, 0, 3]), ([0.1, 0.1, 0.1], [3, 3, 0]),

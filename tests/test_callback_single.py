@@ -184,11 +184,14 @@ def test_training_loop_runs_and_history_records_decisions(data, nonblocking, cap
     for epoch in range(2):
         chunk = batches[epoch * N // B:(epoch + 1) * N // B]
         assert sorted(i for b in chunk for i in b) == list(range(N))
-    # adjustments are posted every 2 steps (non-blocking: at the step's wait boundary)
-    # and decided at the end of that same step, so none is in flight when the loop ends.
+    # adjustments are posted every 2 steps (non-blocking: in the step's on_batch_begin,
+    # with the window of the steps before it) and decided at the end of that same step,
+    # so none is in flight when the loop ends.
     want = list(range(2, steps + 1, 2))
     assert [h["step"] for h in cb.history] == want
-    for h in cb.history:
+    if nonblocking:   # the first window holds step 0 alone, a settle step
+        assert cb.history[0]["skipped"] == "no valid timing on rank(s) [0]"
+    for h in cb.history[nonblocking:]:
         assert h["sizes"] == [B] and h["new_sizes"] == [B]
         assert h["changed"] is False and h["effective_step"] is None
         assert "skipped" not in h, h
@@ -238,6 +241,57 @@ def test_overhead_leaves_out_the_waits_for_the_other_ranks(data):
         cb.on_train_end()
         assert len(cb.history) >= 2
         assert cb.overhead_seconds < 0.005 * cb.step, (nonblocking, cb.overhead_seconds)
+
+
+def test_the_gather_is_posted_before_its_steps_work_with_the_steps_before_it(data):
+    # Posted after the step's work (at opt.step()), the gather made every rank wait there
+    # for the slowest rank's work of that step, which the allreduce does not; so it is
+    # posted in on_batch_begin, before the forward pass, with the window of the steps
+    # before it, and completed (and decided on) in the same step's on_batch_end.
+    model, opt, cb = build(adjust_every=4, settle_steps=1)
+    events = []
+    model.register_forward_pre_hook(lambda module, args: events.append(("forward", cb.step)))
+    comm, posted = cb._comm, []
+    post = comm.iallgather
+
+    def recorded(values):
+        events.append(("post", cb.step))
+        posted.append(list(values))
+        return post(values)
+
+    comm.iallgather = recorded
+    train(model, opt, cb, omnihvd.HeterogeneousBatchSampler(N, cb), data, epochs=1)
+    cb.on_train_end()
+    steps = [step for what, step in events if what == "post"]
+    assert steps == [3, 7]
+    for step in steps:
+        assert events.index(("post", step)) + 1 == events.index(("forward", step))
+    # steps 0-2 (the first settles) and 3-6: each gather's window ends before its step
+    assert [row[1] for row in posted] == [2, 4]
+    assert [record["step"] for record in cb.history] == [4, 8]
+
+
+def test_a_gathering_step_begun_again_keeps_its_gather_and_window():
+    # a NaN guard's `continue` after on_batch_begin: the step runs again. Its first
+    # on_batch_begin posted the gather on every rank; posting again would gather twice
+    # on a rank that alone skipped (a mismatch) and throw the window away.
+    model, opt, cb = build(adjust_every=5, settle_steps=1)
+    comm, posts = cb._comm, []
+    post = comm.iallgather
+    comm.iallgather = lambda values: (posts.append(cb.step), post(values))[1]
+    x = torch.randn(B, 4, dtype=torch.float64)
+    cb.on_train_begin()
+    again = True
+    while cb.step < 10:
+        cb.on_batch_begin()
+        if cb.step == 4 and again:
+            again = False
+            continue
+        fit(model, opt, cb, x, x[:, :1])
+    cb.on_train_end()
+    assert posts == [4, 9]
+    assert [h["samples"] for h in cb.history] == [[3], [5]]
+    assert all("skipped" not in h for h in cb.history), cb.history
 
 
 def test_a_loop_without_the_sampler_or_a_check_is_warned_once(data, caplog):

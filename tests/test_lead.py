@@ -57,6 +57,24 @@ def test_ranks_on_several_machines_or_clocks_not_shared_give_no_offsets():
     assert arrival_offsets([[1.0, 900.0]], hosts=[1.0, 1.0]).shape == (0, 2)
 
 
+def test_steps_that_did_not_hold_the_ranks_together_do_not_move_the_lead():
+    # Sleep emulation sleeps after the backward pass: the allreduce completes during the
+    # sleep, each rank is released as it arrives, and the arrival order (here the led
+    # rank 1 always well before rank 0) sets nothing. Released together after the last
+    # arrival, the same arrivals lead rank 1 on.
+    arrived = window(lead=-0.02, seed=3, noise=0.001)
+    alone, held = arrived + 0.0005, np.repeat(arrived.max(axis=1, keepdims=True) + 0.001, 2, 1)
+    for released, moves in ((alone, False), (held, True)):
+        search = ArrivalLead()
+        search.observe(arrival_offsets(arrived, [1.0, 1.0], released), sizes=[20, 80],
+                       times=[LOCAL] * 2)
+        assert search.moved == moves and (search.lead > 0) == moves
+    # a missing release says nothing against its step
+    released = held.copy()
+    released[:5, 0] = NAN
+    assert arrival_offsets(arrived, [1.0, 1.0], released).shape == arrived.shape
+
+
 def test_a_rank_that_arrives_last_less_often_than_its_share_is_led_step_by_step_to_the_bound():
     # 80% of the samples, arriving ~5 ms before the other: last in ~20% of the steps
     search = ArrivalLead()

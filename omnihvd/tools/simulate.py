@@ -561,6 +561,9 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
     decisions = []
 
     for t, speed in enumerate(profile.stream(steps)):
+        measured = None
+        if cadence.gathers_at(t):   # as the callback: the window of the steps before t
+            measured, measured_sizes = cadence.close(), cadence.window_sizes or sizes.tolist()
         pending = cadence.pending(t)
         if pending is not None and pending[0] == t:
             sizes = np.asarray(pending[1], dtype=np.int64)
@@ -582,10 +585,10 @@ def simulate(cluster: Cluster, profile, *, global_batch_size: int, steps: int,
             best_balance.append(ideal / float(split_time(best, x, a)))
         cadence.record(local)
         cadence.record_period(out["step"][t])
-        if cadence.gathers_at(t):
-            measured = cadence.close()
+        if measured is not None:
             start, cpu = time.perf_counter(), time.thread_time()
-            decision = cadence.decide(t, sizes, measured.time, measured.error, measured.count,
+            decision = cadence.decide(t, measured_sizes, measured.time, measured.error,
+                                      measured.count, measured_upto=t - 1,
                                       lookahead=control.latency_steps,
                                       periods=[measured.period],
                                       period_errors=[measured.period_error],

@@ -11,12 +11,13 @@ measured: on a shared 2-core machine measured times vary by more than the dead b
 which would make the test flaky, and what is under test is what the callback, the
 gather and the controller do with the numbers. A StepTimer subclass reports, for
 every step of every rank, the time of a rank of speed 1 (10 ms + 5 ms per sample),
-except on rank 1, one kind of garbage per window:
+except on rank 1, one kind of garbage per window (a window ends the step before the
+one that gathers and decides: steps 7, 15, 23 and 31):
 
-    window 1 (steps 0-7)    step 4 takes 100x as long
-    window 2 (steps 8-15)   NaN, -1, 0 and +inf at steps 10, 12, 13 and 14
-    window 3 (steps 16-23)  NaN at every step
-    window 4 (steps 24-31)  step 26 takes 1/100 as long
+    window 1 (steps 0-6)    step 4 takes 100x as long
+    window 2 (steps 7-14)   NaN, -1, 0 and +inf at steps 10, 12, 13 and 14
+    window 3 (steps 15-22)  NaN at every step
+    window 4 (steps 23-30)  step 26 takes 1/100 as long
 
 A control run repeats window 1 with ``timing="mean"``: there the 100x step must
 move the sizes, or the test could not tell robust timing from an injection that
@@ -41,7 +42,7 @@ from omnihvd.timing import StepTimer
 B, ADJUST = 24, 8
 INJECT = {4: lambda t: 100 * t,
           10: lambda t: math.nan, 12: lambda t: -1.0, 13: lambda t: 0.0, 14: lambda t: math.inf,
-          **{s: (lambda t: math.nan) for s in range(16, 24)},
+          **{s: (lambda t: math.nan) for s in range(15, 23)},
           26: lambda t: t / 100}
 
 

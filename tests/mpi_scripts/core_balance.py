@@ -42,9 +42,13 @@ ends, derivatives = [], []
 for step in range(steps):
     cb.on_batch_begin()
     b = cb.batch_size
+    # the work before the backward pass, as real compute comes before the gradients:
+    # the allreduce then waits for it, and each step holds the ranks together (a
+    # sleep after backward() would let the allreduce complete during it, and the
+    # arrival lead leaves such steps out: omnihvd.lead.HELD_SLACK)
+    time.sleep(fixed + b * PER_SAMPLE / speed)
     opt.zero_grad()
     model(torch.randn(b, 4)).pow(2).mean().backward()
-    time.sleep(fixed + b * PER_SAMPLE / speed)
     opt.step()
     decisions = len(cb.history)
     cb.on_batch_end()

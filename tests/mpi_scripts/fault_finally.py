@@ -6,9 +6,9 @@ Usage::
 
 COMM is ``horovod`` (the callback's default transport) or ``mpi`` (``comm=
 MPI.COMM_WORLD``). Every rank runs a non-daemon thread (a metrics uploader) that stops
-only when training ends normally. Rank 1 raises right after ``on_batch_begin()`` of
-step 9, a step that gathers (``adjust_every=5``): the other ranks have posted the
-gather, rank 1 never will. ``on_train_end()`` in the ``finally:`` must neither wait
+only when training ends normally. Rank 1 raises right before ``on_batch_begin()`` of
+step 9, a step that gathers (``adjust_every=5``): the other ranks post the gather
+there, rank 1 never will. ``on_train_end()`` in the ``finally:`` must neither wait
 for that gather nor take the abort-on-exception hook away: the job must end with
 ``omnihvd: rank 1 raised ...`` (it hung: the hook was gone and the thread kept rank 1
 alive; with ``comm=`` the other ranks also waited for the gather for ever).
@@ -47,11 +47,11 @@ def main():
     try:
         cb.on_train_begin()
         for x, y in loader:
-            cb.on_batch_begin()
             if rank == 1 and cb.step == 9:
                 print("rank %d: failing (raise) at step %d, t=%.3f" % (rank, cb.step, time.time()),
                       flush=True)
                 raise RuntimeError("injected failure on rank %d at step %d" % (rank, cb.step))
+            cb.on_batch_begin()
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
             opt.step()

@@ -1,14 +1,15 @@
 """A memory cap lowered just before an epoch's last, partial step, on ranks whose
 loaders prefetch to different depths (rank 0: 2 loader processes, rank 1: none).
 
-Rank 0 reports an out-of-memory error at step 5; the decision at the end of that step
-lowers its cap. Rank 0's loader cut the partial step 6 before that decision, rank 1's
-cuts it after: both must cut it with the same bounds (the caps hold from the decision's
-effective step), so the ranks agree on its sizes, the gradient weights sum to the
-number of ranks and no sample is handed out twice. Prints "OOM-PARTIAL-OK" on rank 0.
+Rank 0 reports an out-of-memory error at step 4; the gather posted as step 5 begins
+carries it, and the decision at the end of step 5 lowers its cap. Rank 0's loader cut
+the partial step 6 before that decision, rank 1's cuts it after: both must cut it with
+the same bounds (the caps hold from the decision's effective step), so the ranks agree
+on its sizes, the gradient weights sum to the number of ranks and no sample is handed
+out twice. Prints "OOM-PARTIAL-OK" on rank 0.
 
 With the argument "multiple" (size_multiple=4, B=24, a partial step of 19 samples and
-rank 0's cap halved at step 1) the lowered caps leave no split for the partial step:
+rank 0's cap halved at step 0) the lowered caps leave no split for the partial step:
 every rank must drop it alike (it crashed on the rank that asked late).
 """
 import sys
@@ -25,7 +26,7 @@ torch.manual_seed(0)
 multiple = sys.argv[1:] == ["multiple"]
 B = 24 if multiple else 16
 N = B * 6 + (19 if multiple else 14)   # steps 0-5 full, step 6 partial
-OOM_STEP, SHRINK = (1, 0.5) if multiple else (5, 0.8)
+OOM_STEP, SHRINK = (0, 0.5) if multiple else (4, 0.8)
 data = torch.utils.data.TensorDataset(torch.randn(N, 4), torch.randn(N, 1), torch.arange(N))
 model = torch.nn.Linear(4, 1)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),

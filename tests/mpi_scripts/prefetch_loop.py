@@ -3,8 +3,8 @@ data_prefetcher shape): ``begin; forward/backward; opt.step(); batch = next(it);
 
 usage: prefetch_loop.py LOADER_PROCESSES ADJUST_EVERY wrap|plain
 
-With ``adjust_every=1, settle_steps=0`` the first gather (posted at opt.step() of step
-0) is decided after the loop handed out one more step than it had shown. cb.wrap must
+With ``adjust_every=1, settle_steps=0`` the first gather (posted at on_batch_begin() of
+step 0) is decided after the loop handed out one more step than it had shown. cb.wrap must
 check each prefetched batch against its own step, not the one ending. Every rank
 prints "PREFETCH-OK <adjustments> <distinct> <handed out>" for the last epoch.
 """
