@@ -6,8 +6,8 @@ balancer on server 0, the simulator -- runs this rhythm:
 1. **window**: each rank offers its local time of every step to a
    :class:`~omnihvd.timing.TimingWindow`; a change of sizes starts a new window
    whose first ``settle_steps`` samples are dropped (:meth:`Cadence.begin_step`);
-2. **gather**: the step that ends every ``adjust_every``-th window
-   (:meth:`Cadence.gathers_at`) closes it (:func:`close_window`: time, standard
+2. **gather**: every ``adjust_every``-th step (:meth:`Cadence.gathers_at`) closes the
+   window (:func:`close_window`: time, standard
    error, sample count, then an empty window; with ``arrivals``, also the local time
    of each of the window's last steps, and with ``releases`` the moment each step's
    synchronize returned, aligned by step) and the ranks exchange their measurements.
@@ -90,8 +90,9 @@ def check_cadence(adjust_every, settle_steps, lookahead=None):
     """Validate the cadence's integers; ConfigError names the one that is wrong.
 
     With a known ``lookahead`` (the simulator's), ``adjust_every`` must also exceed
-    ``lookahead + settle_steps``, or no window would ever hold a sample at the sizes
-    last decided.
+    ``lookahead + settle_steps``, or the gather after each change would hold no sample
+    at the new sizes (from ``lookahead + settle_steps + 2`` on, every gather decides:
+    a window ends the step before its gather).
     """
     check_int("adjust_every", adjust_every, 1)
     check_int("settle_steps", settle_steps, 0)
@@ -99,8 +100,8 @@ def check_cadence(adjust_every, settle_steps, lookahead=None):
         check_int("lookahead", lookahead, 0)
     if lookahead is not None and adjust_every <= lookahead + settle_steps:
         raise ConfigError("adjust_every (%d) must exceed the look-ahead plus settle_steps (%d), or "
-                          "no sample is ever measured at the new sizes; raise adjust_every"
-                          % (adjust_every, lookahead + settle_steps))
+                          "the first gather after each change has no sample at the new "
+                          "sizes; raise adjust_every" % (adjust_every, lookahead + settle_steps))
 
 
 def _median_period(periods, period_errors):
@@ -193,8 +194,8 @@ class Cadence:
                 series.append(np.nan)   # this step's slot: record(), record_release()
 
     def _fill(self, name: str, seconds):
-        """Put ``seconds`` in the running step's slot of series ``name`` (if kept, and
-        the step is not a settle step nor already closed into a gathered window)."""
+        """Put ``seconds`` in the running step's slot of series ``name`` (if kept and
+        the step is not a settle step)."""
         series = self._series.get(name)
         if series and self._since_change > self.settle_steps:
             series[-1] = seconds
@@ -206,8 +207,7 @@ class Cadence:
 
     def record_release(self, seconds: float):
         """Offer the moment the running step's gradients' synchronize returned
-        (``time.perf_counter()``; kept only with ``releases``; a step whose window
-        was already gathered drops it)."""
+        (``time.perf_counter()``; kept only with ``releases``)."""
         self._fill("releases", seconds)
 
     def record_arrived(self, seconds: float):

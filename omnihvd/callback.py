@@ -3,11 +3,12 @@ gradient weighting and the size schedule together. It owns no math of its own.
 
 Per step ``s`` (global steps, counted across epochs)::
 
-    on_batch_begin   sizes of step s (schedule) -> gradient weight; start the timer
+    on_batch_begin   if s gathers, close the window of the steps before it and post
+                     the non-blocking allgather of this rank's payload row, so that
+                     it runs beside the step's work; sizes of step s (schedule) ->
+                     gradient weight; start the timer
     opt.step()       pre-hook = the wait boundary: the local time ends (the compute
-                     stream synchronised on GPUs); if s closes a window, post the
-                     non-blocking allgather of this rank's payload row now, so it
-                     overlaps the gradient synchronize() that follows
+                     stream synchronised on GPUs)
     on_batch_end     complete that gather, decide (every rank the same, from the
                      same data: omnihvd.cadence), schedule the new sizes for the
                      first step no rank's sampler has handed out yet
@@ -560,6 +561,7 @@ class OmniLearnCallback(ScheduledSizes):
         if not self._started:
             self.on_train_begin()
         t0 = time.perf_counter()
+        again = self._begun_step == self.step   # begun before, its on_batch_end not come
         # A step begun again (its on_batch_end never came: a break, a NaN guard's
         # continue) keeps the gather its first on_batch_begin posted, with that window;
         # a gather of another step (the step was rewound since) is settled unused.
@@ -589,7 +591,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._weight.value = allreduce_weight(sizes[self.rank], sizes, self._average,
                                               self.loss_reduction)
         self._weight.refuse = None
-        self.cadence.begin_step(sizes)
+        if not again:   # one slot per step in the window's per-step series
+            self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
         self._update_began, self._step_depth = None, 0
         self.overhead_seconds += time.perf_counter() - t0

@@ -20,8 +20,8 @@ Everything else receives plain data. Three backends share one small interface:
   :mod:`omnihvd.ddp`): gloo on CPU, NCCL on GPUs; no Horovod or MPI involved. Every
   gloo collective it (or the DDP hook) posts is handed to :func:`hold_past_exit`.
 
-The payload per adjustment is a handful of float64 per rank, posted where the rank
-starts waiting for its peers and completed at the end of the same step.
+The payload per adjustment is a handful of float64 per rank, posted as the gathering
+step begins and completed at the end of the same step.
 """
 import atexit
 import collections

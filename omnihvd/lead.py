@@ -20,7 +20,9 @@ With ``arrival_lead=True`` (the default) the controller charges ``L`` a negative
 ``g``: balancing then lets it arrive ``g`` after the others on average. Every window
 gathers each rank's arrival moment per step (when it began to wait for the others,
 on the machine's monotonic clock, :mod:`omnihvd.lags`). ``P_L`` is counted over the
-steps of the last :data:`LEAD_WINDOWS` windows, each step's lead shifted by as much
+steps of the last :data:`LEAD_WINDOWS` windows that held the ranks together (with
+``release_lag=True``, the default, which gathers the releases: see
+:func:`arrival_offsets`), each step's lead shifted by as much
 as the lead has moved since it ran. While ``D`` is below -:data:`SIGNIFICANCE`
 standard errors the lead grows by :data:`LEAD_STEP` of ``L``'s local time, while
 above, shrinks, between 0 and :data:`MAX_LEAD` of the local time; a move against
