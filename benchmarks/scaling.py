@@ -12,7 +12,7 @@ Scenarios (B = 64 samples per rank on average):
 * ``dynamic``: the paper's HL1 -> HL2 -> HL4 -> HL8 -> HL4 -> HL2 -> HL1 schedule,
   200 steps per level, noise-free (per-phase convergence) and 10% noise (efficiency).
 
-Policies: omnihvd's default (affine, every 20 steps, dead band 0.02, "sustained" timing),
+Policies: omnihvd's default (affine, every 20 steps, dead band 0.01, "sustained" timing),
 omnihvd with ``policy="proportional"``, and the reference code's policy
 (proportional, once per 100-step epoch, dead band 0.2, mean).
 

@@ -96,7 +96,7 @@ class OmniLearnCallback(ScheduledSizes):
             layers gets at least 2 (logged): one sample has no batch statistics.
         max_batch_size: None, int or per-rank list (memory caps).
         deadband: apply new sizes only when the largest relative change reaches it
-            (default 0.02; the noise gate, not the dead band, keeps noise from moving
+            (default 0.01; the noise gate, not the dead band, keeps noise from moving
             the split: see :data:`omnihvd.controller.DEFAULT_DEADBAND`).
         gain: controller gain K (default 1.0).
         adjust_every: steps between adjustments (default 20). A window holds the

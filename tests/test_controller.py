@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from omnihvd.controller import (
+    DEFAULT_DEADBAND,
     Controller,
     TimeModel,
     apportion,
@@ -280,6 +281,18 @@ def test_controller_deadband():
     assert ctl.decide([10, 10], [1.1, 0.9]) == [9, 11]
     ctl = Controller(2, 20, policy="affine", deadband=0.15)
     assert ctl.decide([10, 10], [1.1, 0.9]) == [10, 10]
+
+
+def test_default_deadband_lets_one_sample_move_where_it_is_one_and_a_half_percent_of_a_step():
+    # 4 alike ranks at 2 ms a sample, left at 63/65 of 256 (as after the emulation's
+    # dynamic schedule came back to HL1): rank 3's extra sample is 1.6% of every step.
+    # At the old 2% dead band the move (1/63, 1/65) was held for good.
+    times = [0.128, 0.128, 0.126, 0.130]
+    errors = [1e-4] * 4
+    assert Controller(4, 256, deadband=DEFAULT_DEADBAND).decide(
+        [64, 64, 63, 65], times, errors) == [64] * 4
+    assert Controller(4, 256, deadband=0.02).decide([64, 64, 63, 65], times, errors) == \
+        [64, 64, 63, 65]
 
 
 # ----------------------------------------------------------------- fixed point

@@ -19,7 +19,7 @@ def test_defaults_resolve_to_an_equal_split_and_the_controller_bounds():
     assert options.initial_batch_sizes == [16, 16, 16, 16]
     assert options.min_batch_size == [1] * 4 and options.max_batch_size == [64] * 4
     assert (options.adjust_every, options.settle_steps, options.policy) == (20, 1, "affine")
-    assert (options.deadband, options.gain, options.timing) == (0.02, 1.0, "sustained")
+    assert (options.deadband, options.gain, options.timing) == (0.01, 1.0, "sustained")
     assert controller.lo.tolist() == options.min_batch_size
     assert controller.hi.tolist() == options.max_batch_size
 

@@ -96,6 +96,16 @@ def test_dynamic_profile_phases_and_convergence():
     assert all(c["steps"] is not None for c in conv)
 
 
+def test_the_dynamic_schedule_comes_back_to_the_equal_split():
+    """The emulated benchmark's dynamic schedule, noise-free (2 ms a sample, 5 ms a step,
+    60-step phases): the last phase (HL1, alike ranks) ends at 64 samples each, not at
+    the 63/65 the old 2% dead band held."""
+    cluster = Cluster(ranks=4, throughput=500.0, overhead=0.005, gradient_bytes=1e6)
+    res = simulate(cluster, make_profile("dynamic", 4, 480, phase_steps=60),
+                   global_batch_size=256, steps=480, control=Control(latency_steps=1))
+    assert res.final_sizes == [64, 64, 64, 64]
+
+
 def test_noisy_neighbours_slow_a_fraction_of_ranks():
     prof = make_profile("noisy", 20, 10, slow_fraction=0.25, slowdown=4.0, slow_period=5, seed=0)
     speeds = list(prof.stream(10))

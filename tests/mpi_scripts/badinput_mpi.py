@@ -5,7 +5,7 @@ Usage: badinput_mpi.py   (under mpirun -np 3)
 1. Timing garbage on one rank must not move the batch sizes.
 
 Three equally fast ranks, global batch 24, so the split stays [8, 8, 8] unless
-something moves it; adjustments every 8 steps, the default dead band (0.02) and
+something moves it; adjustments every 8 steps, the default dead band (0.01) and
 timing summary "median" (the default is "sustained"). The step times the callback sees are injected, not
 measured: on a shared 2-core machine measured times vary by more than the dead band,
 which would make the test flaky, and what is under test is what the callback, the
