@@ -98,7 +98,7 @@ def test_dynamic_profile_phases_and_convergence():
 
 def test_the_dynamic_schedule_comes_back_to_the_equal_split():
     """The emulated benchmark's dynamic schedule, noise-free (2 ms a sample, 5 ms a step,
-    60-step phases): the last phase (HL1, alike ranks) ends at 64 samples each, not at
+    60-step phases): the last phase (HL1, equal speeds) ends at 64 samples each, not at
     the 63/65 the old 2% dead band held."""
     cluster = Cluster(ranks=4, throughput=500.0, overhead=0.005, gradient_bytes=1e6)
     res = simulate(cluster, make_profile("dynamic", 4, 480, phase_steps=60),
