@@ -134,7 +134,7 @@ def test_a_speed_change_mid_window_resettles_in_one_decision():
     to 110 steps to re-settle (the emulated benchmark's HL4 -> HL2)."""
     prof = make_profile("dynamic", 4, 1050, phase_steps=150)
     # The paper's 5% dead band, and the split for the last arrival off: the count is
-    # then the window cut's doing alone (at the default 2% and 2% noise the controller
+    # then the window cut's doing alone (at the default 1% and 2% noise the controller
     # also refines a split by a sample or two).
     for seed in range(4):
         for arrivals in (False, True):
