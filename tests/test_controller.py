@@ -284,7 +284,7 @@ def test_controller_deadband():
 
 
 def test_default_deadband_lets_one_sample_move_where_it_is_one_and_a_half_percent_of_a_step():
-    # 4 alike ranks at 2 ms a sample, left at 63/65 of 256 (as after the emulation's
+    # 4 equally fast ranks at 2 ms a sample, left at 63/65 of 256 (as after the emulation's
     # dynamic schedule came back to HL1): rank 3's extra sample is 1.6% of every step.
     # At the old 2% dead band the move (1/63, 1/65) was held for good.
     times = [0.128, 0.128, 0.126, 0.130]
