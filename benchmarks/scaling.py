@@ -16,6 +16,15 @@ Policies: omnihvd's default (affine, every 20 steps, dead band 0.01, "sustained"
 omnihvd with ``policy="proportional"``, and the reference code's policy
 (proportional, once per 100-step epoch, dead band 0.2, mean).
 
+The simulator passes the controller each rank's time and error only. What a real run
+gathers with the default options also holds each step's release and arrival moments,
+each rank's machine, CPUs and kind (release lag, arrival lead, alike ranks), so the
+decision is also timed on that (``gathered``): payload rows built as the callback
+builds them, read back with :func:`omnihvd.payload.read_gathered` and decided by
+:meth:`omnihvd.cadence.Cadence.decide`, on machines of 8 ranks of two GPU generations,
+the ranks of a machine either each on their own cores (``pinned``: none alike) or
+sharing its cores (``shared``: its 8 ranks alike).
+
 Usage::
 
     .venv/bin/python benchmarks/scaling.py                 # all n, ~2 min on 1 core
@@ -39,7 +48,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from omnihvd.controller import Controller  # noqa: E402
+from omnihvd.cadence import Cadence, Measurement  # noqa: E402
+from omnihvd.controller import DEFAULT_DEADBAND, Controller  # noqa: E402
+from omnihvd.payload import payload_row, read_gathered  # noqa: E402
 from omnihvd.tools.simulate import (  # noqa: E402
     SUMMARY_FIELDS, Cluster, Control, make_profile, plot, reference_control, simulate)
 
@@ -92,6 +103,59 @@ def decide_profile(n, policy, rounds=10, seed=0, top=6):
                      "cumulative_ms_per_decide": 1e3 * ct / rounds})
     rows.sort(key=lambda r: -r["self_ms_per_decide"])
     return rows[:top]
+
+
+PER_MACHINE = 8
+PLACEMENTS = ("pinned", "shared")
+
+
+def gathered_decisions(n, placement, rounds=12, seed=0, steps=20):
+    """CPU time of reading the gathered matrix and deciding, with every input the
+    default callback gathers, at ``n`` ranks (see the module's docstring).
+
+    Returns:
+        dict: decision CPU ms (median, min, max over ``rounds``), the gathered
+        matrix's bytes (what every rank receives per adjustment) and the first
+        machine's and second machine's sizes at the end.
+    """
+    rng = np.random.default_rng(seed)
+    B = PER_RANK * n
+    cadence = Cadence(Controller(n, B, deadband=DEFAULT_DEADBAND), adjust_every=steps,
+                      releases=True, arrived_at=True)
+    machine = np.arange(n) // PER_MACHINE
+    speed = np.where(machine % 2 == 0, 1.0, 0.5)            # two GPU generations
+    if placement == "pinned":
+        cpus, kinds = 10.0 + np.arange(n) % PER_MACHINE, 5000.0 + np.arange(n)
+    else:
+        cpus, kinds = np.full(n, 10.0), 5000.0 + machine
+    sizes, step, cpu = [PER_RANK] * n, 0, []
+    for _ in range(rounds):
+        local = ((0.005 + np.asarray(sizes) * 0.001) / speed
+                 * rng.lognormal(0, 0.03, (steps, n)))
+        began = 0.2 * (step + np.arange(steps))[:, None]
+        released = (began + local.max(axis=1, keepdims=True) + 0.002
+                    + rng.uniform(0, 1e-4, (steps, n)))
+        matrix = np.array([payload_row(
+            Measurement(time=float(local[:, i].mean()), count=steps,
+                        error=float(local[:, i].std() / np.sqrt(steps)),
+                        releases=released[:, i], arrived_at=began[:, 0] + local[:, i]),
+            sizes, i, lookahead=0, cap=B, host=1000.0 + machine[i], cpus=cpus[i],
+            kind=kinds[i]) for i in range(n)])
+        step += steps
+        start = time.thread_time()
+        got = read_gathered(matrix, step)
+        decision = cadence.decide(
+            step, got.sizes, got.times, got.errors, got.counts, measured_upto=step - 1,
+            lookahead=got.lookahead, periods=got.periods, period_errors=got.period_errors,
+            arrivals=got.arrivals, releases=got.releases, hosts=got.hosts,
+            cpusets=got.cpusets, arrived_at=got.arrived_at, kinds=got.kinds)
+        cpu.append(1e3 * (time.thread_time() - start))
+        if decision.changed:
+            sizes, step = list(decision.new_sizes), decision.effective_step + 1
+    return {"ranks": n, "placement": placement, "decision_cpu_ms_median": float(np.median(cpu)),
+            "decision_cpu_ms_min": min(cpu), "decision_cpu_ms_max": max(cpu),
+            "gathered_bytes": int(matrix.nbytes),
+            "final_sizes_first_two_machines": [sizes[0], sizes[min(PER_MACHINE, n - 1)]]}
 
 
 def main(argv=None):
@@ -160,6 +224,13 @@ def main(argv=None):
                      row["static"]["adjustments_to_converge_noise_free"],
                      row["dynamic"]["efficiency_noisy"], wall), flush=True)
 
+    gathered = [gathered_decisions(n, placement, seed=args.seed)
+                for n in args.ranks for placement in PLACEMENTS]
+    for g in gathered:
+        print("n=%5d gathered, %-6s decide cpu %.2f ms (min %.2f, max %.2f), %d bytes"
+              % (g["ranks"], g["placement"], g["decision_cpu_ms_median"],
+                 g["decision_cpu_ms_min"], g["decision_cpu_ms_max"], g["gathered_bytes"]),
+              flush=True)
     big = max(args.ranks)
     profiles = {p: decide_profile(big, p) for p in ("affine", "proportional")}
     doc = {
@@ -172,6 +243,7 @@ def main(argv=None):
                      "phase_steps": PHASE_STEPS, "noise": NOISE, "cluster": vars(Cluster()),
                      "seed": args.seed},
         "rows": rows,
+        "gathered": gathered,
         "decide_profile_ranks": big,
         "decide_profile": profiles,
     }
@@ -259,6 +331,12 @@ def markdown(doc) -> str:
             _fmt(d["phase_adjustments_to_converge_noise_free"]), _fmt(d["efficiency_noise_free"]),
             _fmt(d["efficiency_noisy"]), _fmt(d["efficiency_noisy_same_noise"]),
             _fmt(d["speedup_vs_equal_noisy"], "%.2fx")))
+    lines += ["", "| ranks | placement | gathered decision CPU ms: median / min / max | "
+                  "bytes every rank receives |", "|---|---|---|---|"]
+    for g in doc.get("gathered", []):
+        lines.append("| %d | %s | %.2f / %.2f / %.2f | %d |" % (
+            g["ranks"], g["placement"], g["decision_cpu_ms_median"], g["decision_cpu_ms_min"],
+            g["decision_cpu_ms_max"], g["gathered_bytes"]))
     lines += ["", "Controller.decide at %d ranks, cProfile, per call:" % doc["decide_profile_ranks"],
               "", "| policy | function | calls | self ms | cumulative ms |", "|---|---|---|---|---|"]
     for policy, prof in doc["decide_profile"].items():

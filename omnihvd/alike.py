@@ -117,24 +117,28 @@ def size_classes(sizes: Sequence[int], unit: int = 1) -> List[int]:
     return [classes[int(b)] for b in sizes]
 
 
-def _relative(value, ref) -> float:
+def _relative(value, ref):
     """How far ``value`` lies from ``ref``, relative to the smaller of the two: a rank
     1.5x faster than its group is as far from it as one 1.5x slower (0.5 and -0.5).
 
-    >>> round(_relative(0.075, 0.05), 3), round(_relative(0.05, 0.075), 3)
-    (0.5, -0.5)
+    >>> _relative(np.array([0.075, 0.05]), np.array([0.05, 0.075])).round(3).tolist()
+    [0.5, -0.5]
     """
-    return float((value - ref) / min(value, ref))
+    return (value - ref) / np.minimum(value, ref)
 
 
-def _obvious(deviations) -> bool:
-    """Beyond twice :data:`OBVIOUS` in the group's first window (start-up strays),
-    or beyond it in the last two windows the same way (one disturbed window is a
-    pause, not a speed)."""
-    if len(deviations) == 1:
-        return abs(deviations[0]) > 2.0 * OBVIOUS
-    last = deviations[-2:]
-    return all(abs(d) > OBVIOUS for d in last) and last[0] * last[1] > 0
+def _group_medians(values, label, counts) -> np.ndarray:
+    """The median of each group's ``values`` (``label``: each value's group, 0 to
+    ``len(counts) - 1``; ``counts``: each group's number of values, all > 0), as
+    ``np.median`` gives it for each group alone, for all groups in one pass.
+
+    >>> _group_medians(np.array([3.0, 9.0, 1.0, 2.0, 5.0]), np.array([0, 1, 0, 0, 1]),
+    ...                np.array([3, 2])).tolist()
+    [2.0, 7.0]
+    """
+    ordered = values[np.lexsort((values, label))]   # by group, then by value
+    first = np.cumsum(counts) - counts
+    return (ordered[first + (counts - 1) // 2] + ordered[first + counts // 2]) / 2.0
 
 
 class AlikeGroups:
@@ -143,14 +147,17 @@ class AlikeGroups:
     def __init__(self):
         self._kinds: Optional[np.ndarray] = None
         self._apart = set()    # ranks measured unlike their kind
-        self._deviations = {}  # rank -> its last windows' deviations from its group
+        # each rank's last WINDOWS deviations from its group, newest in the last row
+        # (NaN: none), one column per rank
+        self._deviations: Optional[np.ndarray] = None
 
     def update(self, kinds):
         """The ranks' :func:`kind_key` of this window (None: no groups); a change of
         any rank's resources forgets what was measured of them."""
         k = None if kinds is None else np.asarray(kinds, dtype=np.float64)
-        if k is None or self._kinds is None or not np.array_equal(k, self._kinds):
-            self._apart, self._deviations = set(), {}
+        if k is None or self._kinds is None or not np.array_equal(k, self._kinds, equal_nan=True):
+            self._apart = set()
+            self._deviations = None if k is None else np.full((WINDOWS, k.size), np.nan)
         self._kinds = k
 
     def groups(self) -> List[List[int]]:
@@ -182,37 +189,60 @@ class AlikeGroups:
         ahead of the others, once; and the first may stray: under HL8 quotas it put
         an equal-quota pair 22% apart.
 
+        All members are judged at once (a group may hold thousands of ranks).
+
         Args:
             sizes, times: one window's sizes and mean local times, one per rank
                 (single windows, not pooled ones: their deviations must be
                 independent).
         """
+        groups = self.groups()
+        if not groups:
+            return []
         b = np.asarray(sizes, dtype=np.float64)
         t = np.asarray(times, dtype=np.float64)
-        left = []
-        for group in self.groups():
-            for r in group:
-                # the group's median; a pair's other member (a pair's median would
-                # halve every difference)
-                ref = group if len(group) > 2 else [o for o in group if o != r]
-                apart = _relative(t[r], np.median(t[ref]))
-                sized = abs(_relative(b[r], np.median(b[ref])))
-                deviation = math.copysign(max(abs(apart) - sized, 0.0), apart)
-                seen = (self._deviations.get(r, []) + [deviation])[-WINDOWS:]
-                self._deviations[r] = seen
-                mean = float(np.mean(seen))
-                error = float(np.std(seen, ddof=1)) / math.sqrt(len(seen)) if len(seen) > 1 else 0.0
-                if _obvious(seen) or (len(seen) >= MIN_WINDOWS and abs(mean) > TOLERANCE
-                                      and abs(mean) > significance * error):
-                    left.append(r)
+        members = np.concatenate([np.asarray(g) for g in groups])
+        counts = np.array([len(g) for g in groups])
+        label = np.repeat(np.arange(len(groups)), counts)   # each member's group
+        first = np.repeat(np.cumsum(counts) - counts, counts)   # its group's first position
+        # each member's reference: its group's median; a pair's other member (a pair's
+        # median would halve every difference), at position 2 * first + 1 - its own
+        pair = counts[label] == 2
+        other = members[np.where(pair, 2 * first + 1 - np.arange(members.size), 0)]
+        ref_t = np.where(pair, t[other], _group_medians(t[members], label, counts)[label])
+        ref_b = np.where(pair, b[other], _group_medians(b[members], label, counts)[label])
+        apart = _relative(t[members], ref_t)
+        sized = np.abs(_relative(b[members], ref_b))
+        deviation = np.copysign(np.maximum(np.abs(apart) - sized, 0.0), apart)
+        seen = np.vstack([self._deviations[1:, members], deviation[None]])
+        self._deviations[:, members] = seen
+        with np.errstate(invalid="ignore", divide="ignore"):   # NaN: no deviation
+            count = np.isfinite(seen).sum(axis=0)
+            mean = np.nansum(seen, axis=0) / count
+            spread = np.nansum((seen - mean) ** 2, axis=0) / np.maximum(count - 1, 1)
+            error = np.where(count > 1, np.sqrt(spread / count), 0.0)
+            last, before = np.abs(seen[-1]), np.abs(seen[-2])
+            # beyond twice OBVIOUS in the group's first window (start-up strays), or
+            # beyond it in the last two windows the same way (one disturbed window is
+            # a pause, not a speed)
+            obvious = np.where(count == 1, last > 2.0 * OBVIOUS,
+                               (last > OBVIOUS) & (before > OBVIOUS) & (seen[-1] * seen[-2] > 0))
+            leave = obvious | ((count >= MIN_WINDOWS) & (np.abs(mean) > TOLERANCE)
+                               & (np.abs(mean) > significance * error))
+        left = members[leave].tolist()
         self._apart.update(left)   # a member left alone is no group either
         return left
 
     def state_dict(self) -> dict:
         """The kinds, who was let go and the deviations measured (JSON-friendly)."""
+        deviations = []
+        if self._deviations is not None:
+            for r in range(self._deviations.shape[1]):
+                column = self._deviations[:, r]
+                if np.isfinite(column).any():
+                    deviations.append([r, column[np.isfinite(column)].tolist()])
         return {"kinds": None if self._kinds is None else self._kinds.tolist(),
-                "apart": sorted(self._apart),
-                "deviations": [[r, list(d)] for r, d in sorted(self._deviations.items())]}
+                "apart": sorted(self._apart), "deviations": deviations}
 
     def load_state_dict(self, state: dict, num_ranks: int):
         """Restore :meth:`state_dict` of ``num_ranks`` ranks; the next :meth:`update`
@@ -234,7 +264,12 @@ class AlikeGroups:
                              % (kinds.shape, num_ranks))
         if any(not 0 <= r < num_ranks for r in apart | set(deviations)):
             raise ValueError("alike groups state names ranks beyond %d" % num_ranks)
-        self._kinds, self._apart, self._deviations = kinds, apart, deviations
+        table = np.full((WINDOWS, num_ranks), np.nan)
+        for r, d in deviations.items():
+            if d:
+                table[WINDOWS - len(d):, r] = d
+        self._kinds, self._apart = kinds, apart
+        self._deviations = None if kinds is None else table
 
     def equal_shares(self, sizes) -> np.ndarray:
         """``sizes`` with each group's members at the group's mean (to be rounded by

@@ -638,6 +638,22 @@ def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
 # ------------------------------------------------------------ the controller
 
 
+def _column_medians(values) -> np.ndarray:
+    """The median of each column's finite entries (NaN where it has none): what
+    ``np.median`` gives for each column alone, bit for bit, in one pass over all
+    columns (a loop over thousands of ranks dominated a decision).
+
+    >>> _column_medians(np.array([[1.0, 4.0], [3.0, np.nan], [2.0, 2.0]])).tolist()
+    [2.0, 3.0]
+    """
+    ordered = np.sort(values, axis=0)   # NaN sorts last
+    count = np.isfinite(values).sum(axis=0)
+    low = np.take_along_axis(ordered, np.maximum(count - 1, 0)[None] // 2, axis=0)[0]
+    high = np.take_along_axis(ordered, count[None] // 2, axis=0)[0]
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, (low + high) / 2.0, np.nan)
+
+
 class Controller:
     """Stateful wrapper the callback drives: history, policy, bounds, dead band.
 
@@ -812,8 +828,8 @@ class Controller:
         if not self._sizes:
             return None
         times = np.stack(self._times)
-        if pooled:
-            times[-1] = self.pooled()[0]
+        if pooled:   # the pool always holds the latest round's sizes
+            times[-1] = self._pool_sum / self._pool_count
         return fit_time_model(np.stack(self._sizes), times, mask=np.stack(self._valid))
 
     def pooled(self):
@@ -911,8 +927,8 @@ class Controller:
             # A rank's own estimate (from few rounds) may fall far below the truth;
             # every rank's together is the floor, so one lucky run of rounds does not
             # make a rank look quiet enough to act on a single round of it.
-            for r in np.flatnonzero(seen.sum(axis=0) >= 3):
-                noise[r] = max(noise[r], scale * float(np.median(deviation[seen[:, r], r])))
+            own = seen.sum(axis=0) >= 3
+            noise[own] = np.maximum(noise[own], scale * _column_medians(deviation[:, own]))
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,

@@ -169,3 +169,80 @@ def test_the_cadence_passes_the_kinds_through():
     cad = Cadence(Controller(3, 90), adjust_every=1, settle_steps=0)
     cad.decide(0, [30, 30, 30], [0.3, 0.2, 0.2], [0.001] * 3, [5] * 3, kinds=[1.0, 2.0, 2.0])
     assert cad.controller.alike_groups() == [[1, 2]]
+
+
+class _MemberByMember:
+    """AlikeGroups.confirm's rule written out one member at a time (the reference)."""
+
+    def __init__(self, kinds):
+        self.kinds, self.apart, self.seen = list(kinds), set(), {}
+
+    def groups(self):
+        found = {}
+        for rank, kind in enumerate(self.kinds):
+            if rank not in self.apart and kind == kind:   # NaN: not compared
+                found.setdefault(kind, []).append(rank)
+        return sorted((g for g in found.values() if len(g) > 1), key=lambda g: g[0])
+
+    def confirm(self, sizes, times):
+        left = []
+        for group in self.groups():
+            for r in group:
+                ref = [o for o in group if o != r] if len(group) == 2 else group
+                ref_t = np.median([times[o] for o in ref])
+                ref_b = np.median([sizes[o] for o in ref])
+                apart = (times[r] - ref_t) / min(times[r], ref_t)
+                sized = abs(sizes[r] - ref_b) / min(sizes[r], ref_b)
+                deviation = np.copysign(max(abs(apart) - sized, 0.0), apart)
+                seen = self.seen[r] = (self.seen.get(r, []) + [deviation])[-WINDOWS:]
+                mean = np.mean(seen)
+                error = np.std(seen, ddof=1) / np.sqrt(len(seen)) if len(seen) > 1 else 0.0
+                if len(seen) == 1:
+                    obvious = abs(seen[0]) > 2 * OBVIOUS
+                else:
+                    obvious = (abs(seen[-1]) > OBVIOUS and abs(seen[-2]) > OBVIOUS
+                               and seen[-1] * seen[-2] > 0)
+                if obvious or (len(seen) >= MIN_WINDOWS and abs(mean) > TOLERANCE
+                               and abs(mean) > 3.0 * error):
+                    left.append(r)
+        self.apart.update(left)
+        return left
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_member_of_every_group_is_judged_as_if_alone(seed):
+    # confirm() judges all members of all groups at once (thousands of ranks): it must
+    # let go whom the rule lets go member by member -- pairs, medians of larger groups,
+    # unequal sizes, NaN kinds, a state saved and loaded on the way
+    rng = np.random.default_rng(seed)
+    let_go = 0
+    for _ in range(150):
+        n = int(rng.integers(2, 14))
+        kinds = rng.integers(0, 4, n).astype(float)
+        kinds[rng.random(n) < 0.1] = float("nan")
+        groups, reference = AlikeGroups(), _MemberByMember(kinds)
+        groups.update(kinds)
+        for _ in range(int(rng.integers(1, 14))):
+            sizes = rng.integers(20, 24, n)
+            times = sizes * 0.001 * rng.lognormal(0, rng.choice([0.02, 0.1, 0.3]), n)
+            left = groups.confirm(sizes, times)
+            assert left == reference.confirm(sizes.tolist(), times.tolist())
+            assert groups.groups() == reference.groups()
+            let_go += len(left)
+            if rng.random() < 0.2:
+                restored = AlikeGroups()
+                restored.load_state_dict(groups.state_dict(), n)
+                groups = restored
+                groups.update(kinds)   # the same kinds: nothing forgotten
+    assert let_go > 100   # the case was exercised
+
+
+def test_a_group_of_thousands_lets_go_only_its_slow_member():
+    n = 4000
+    groups = AlikeGroups()
+    groups.update([1.0] * (n - 2) + [2.0, 2.0])   # one large group and a pair
+    times = np.full(n, 0.05)
+    times[1234] = 0.05 * (1 + 3 * OBVIOUS)        # obvious from the first window
+    times[n - 1] = 0.05 * (1 + 0.5 * OBVIOUS)     # the pair: within twice OBVIOUS
+    assert groups.confirm([32] * n, times) == [1234]
+    assert [len(g) for g in groups.groups()] == [n - 3, 2]

@@ -47,6 +47,59 @@ def test_a_missing_release_or_a_clock_not_shared_gives_no_lag():
     assert malformed.shape == (1, 2) and np.isnan(malformed).all()
 
 
+def _lags_group_by_group(releases, hosts, cpusets, arrived=None):
+    """release_lags' rule written out one rank at a time (the reference)."""
+    r, h, c = np.asarray(releases, float), np.asarray(hosts, float), np.asarray(cpusets, float)
+    a = None if arrived is None else np.asarray(arrived, float)
+    lags = np.full(r.shape, NAN)
+    for s in range(r.shape[0]):
+        for i in range(r.shape[1]):
+            if not (math.isfinite(r[s, i]) and math.isfinite(h[i]) and math.isfinite(c[i])):
+                continue
+            others = [j for j in range(r.shape[1]) if h[j] == h[i] and c[j] != c[i]
+                      and math.isfinite(c[j])]
+            if not others:
+                lags[s, i] = 0.0
+                continue
+            first = min((r[s, j] for j in others if math.isfinite(r[s, j])), default=NAN)
+            behind = []
+            for j in range(r.shape[1]):   # the group: same machine, same CPUs
+                if h[j] == h[i] and c[j] == c[i] and math.isfinite(r[s, j]):
+                    start = first
+                    if a is not None and math.isfinite(a[s, j]):
+                        start = max(first, a[s, j]) if math.isfinite(first) else NAN
+                    if math.isfinite(start):
+                        behind.append(max(r[s, j] - start, 0.0))
+            lag = sum(behind) / len(behind) if behind else NAN
+            lags[s, i] = lag if lag <= MAX_LAG else NAN
+    return lags
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_lags_of_many_machines_at_once_are_each_groups_own(seed):
+    # release_lags works on all ranks at once (sorted by machine and CPUs, reduceat):
+    # it must give what the rule gives rank by rank -- ties, missing releases and
+    # arrivals, machines with one group, a clock that is not shared, unknown CPUs
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        n, steps = int(rng.integers(1, 14)), int(rng.integers(1, 5))
+        hosts = rng.integers(0, 3, n).astype(float)
+        cpusets = rng.integers(0, 3, n).astype(float)
+        if rng.random() < 0.1:
+            (hosts if rng.random() < 0.5 else cpusets)[rng.integers(0, n)] = NAN
+        releases = 100 + rng.uniform(0, 0.01, (steps, n)) * (1 if rng.random() < 0.9 else 300)
+        if rng.random() < 0.1:
+            releases[:] = 100.0
+        releases[rng.random((steps, n)) < 0.15] = NAN
+        arrived = None
+        if rng.random() < 0.5:
+            arrived = releases - rng.uniform(-0.005, 0.01, (steps, n))
+            arrived[rng.random((steps, n)) < 0.15] = NAN
+        got = release_lags(releases, hosts, cpusets, arrived)
+        want = _lags_group_by_group(releases, hosts, cpusets, arrived)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_the_cpuset_key_follows_the_affinity(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 0}, raising=False)
     key = cpuset_key()
