@@ -302,10 +302,54 @@ class OmniLearnCallback(ScheduledSizes):
             weighted_parameters(self._model, self._optimizer), self._weight, exclusive=True)
         hooks = [weights, self._optimizer.register_step_pre_hook(self._on_step_entry),
                  self._optimizer.register_step_post_hook(self._on_step_exit)]
+        self._weights = weights
         if weights.frozen:   # gradual unfreezing: weighted before their first backward pass
             hooks.append(self._model.register_forward_pre_hook(
-                lambda module, args: weights.hook_unfrozen()))
+                lambda module, args: self._weigh_unfrozen()))
         return hooks
+
+    def _weigh_unfrozen(self):
+        """Weight the parameters unfrozen since the last look (at ``on_batch_begin`` and
+        before each forward pass of the model: a loop may call a method of the model
+        rather than the model itself). One that Horovod does not allreduce is refused:
+        the optimizer would update it with this rank's gradient alone."""
+        if self._weights is None or not self._weights.frozen:
+            return
+        unfrozen = self._weights.hook_unfrozen()
+        hooked = getattr(self._optimizer, "_requires_update", None)   # Horovod's allreduced
+        if not unfrozen or not isinstance(hooked, set):
+            return
+        updated = {id(q) for g in self._optimizer.param_groups for q in g["params"]}
+        missing = [p for p in unfrozen if id(p) in updated and p not in hooked]
+        if missing:
+            raise ConfigError(
+                "rank %d: parameter(s) %s were frozen (requires_grad=False) when "
+                "hvd.DistributedOptimizer was created, so Horovod never allreduces their "
+                "gradients: unfrozen, each rank would update them with its own gradient "
+                "and the replicas would drift apart. Create the DistributedOptimizer with "
+                "every parameter you will train trainable (freeze them after creating it), "
+                "or create a new one after unfreezing" % (self.rank, self._names(missing)))
+
+    def _names(self, parameters) -> str:
+        """The model's names for ``parameters`` (their shapes where they have none)."""
+        names = {id(p): n for n, p in self._model.named_parameters()}
+        return ", ".join(names.get(id(p), "of shape %s" % (tuple(p.shape),))
+                         for p in parameters)
+
+    def _check_weighted(self):
+        """At the wait boundary: a parameter unfrozen within the step (after
+        ``on_batch_begin``) and trained with no forward pass of the model to weight it
+        has had its gradient allreduced unweighted -- a wrong gradient, refused."""
+        if self._weights is None or not self._weights.frozen:
+            return
+        unweighted = self._weights.unweighted_gradients()
+        if unweighted:
+            raise ConfigError(
+                "rank %d: parameter(s) %s became trainable after cb.on_batch_begin() of step "
+                "%d and got gradients with no forward pass of the model (model(x)) between: "
+                "their gradients carry no batch-size weight. Unfreeze parameters between "
+                "steps (before on_batch_begin)" % (self.rank, self._names(unweighted),
+                                                   self.step))
 
     def _outside_pair(self) -> str:
         """The error of a backward pass outside an on_batch_begin/on_batch_end pair."""
@@ -363,6 +407,7 @@ class OmniLearnCallback(ScheduledSizes):
         self._window_end = None       # the last step whose time that gather carries
         self._step_sizes: Optional[List[int]] = None
         self._hooks = []
+        self._weights = None          # the gradient weights' handle (its frozen parameters)
         self._unchecked = None        # the batch cb.wrap last yielded, not yet checked
         self._batch_checked = False   # this step's batch was checked (begin or end)
         self._ahead = False           # _unchecked was fetched for the next step
@@ -568,6 +613,7 @@ class OmniLearnCallback(ScheduledSizes):
         if self._pending is not None and self._window_end != self.step - 1:
             self._waiting_for_peers(self._drop_pending)
         self._check_training_sampler()
+        self._weigh_unfrozen()
         sizes = self.schedule.batch_sizes_at(self.step)
         self._begun_step, self._updated = self.step, False
         if self.cadence.tuner is not None:   # the step period, for tune_split only
@@ -741,6 +787,7 @@ class OmniLearnCallback(ScheduledSizes):
         hook; on_batch_end) do nothing."""
         if not self._timer.running:
             return
+        self._check_weighted()
         self._drop_if_synchronized()
         self._timer.mark_wait()
         self._record()
@@ -862,7 +909,7 @@ class OmniLearnCallback(ScheduledSizes):
     def _detach(self, keep_abort: bool = False):
         for h in self._hooks:
             h.remove()
-        self._hooks = []
+        self._hooks, self._weights = [], None
         if self._abort_handle is not None and not keep_abort:
             self._abort_handle.remove()
             self._abort_handle = None

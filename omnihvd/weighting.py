@@ -25,7 +25,9 @@ therefore composes with ``backward_passes_per_step > 1`` (each micro-step is
 weighted before accumulation) and with parameters that get no gradient (no hook
 fires; Horovod allreduces zeros for them). A parameter frozen at registration
 gets its hook once it is unfrozen (:meth:`_Handles.hook_unfrozen`, which the
-callback runs in a forward pre-hook of the model). A parameter carries at most one
+callback runs in ``on_batch_begin`` and in a forward pre-hook of the model; a
+gradient that came before it is refused, :meth:`_Handles.unweighted_gradients`). A
+parameter carries at most one
 callback's weight at a time (:func:`register_gradient_weight` with
 ``exclusive=True``): two would multiply it twice.
 """
@@ -172,13 +174,20 @@ class _Handles:
         """Whether some parameter is still frozen (no hook yet)."""
         return bool(self._frozen)
 
-    def hook_unfrozen(self):
+    def hook_unfrozen(self) -> List:
         """Weight the parameters unfrozen since (``requires_grad_(True)`` mid-training:
         Horovod allreduces them as before, so unweighted they would be silently
-        wrong). Costs one check per still-frozen parameter."""
-        if any(p.requires_grad for p in self._frozen):
-            frozen, self._frozen = self._frozen, []
-            self.add(frozen)
+        wrong); returns them. Costs one check per still-frozen parameter."""
+        if not any(p.requires_grad for p in self._frozen):
+            return []
+        frozen, self._frozen = self._frozen, []
+        self.add(frozen)
+        return [p for p in frozen if p.requires_grad]
+
+    def unweighted_gradients(self) -> List:
+        """The still-frozen parameters that require grad and hold a gradient: unfrozen
+        and trained before :meth:`hook_unfrozen` ran (their gradient has no weight)."""
+        return [p for p in self._frozen if p.requires_grad and p.grad is not None]
 
     def remove(self):
         for h in self._handles:
@@ -238,7 +247,8 @@ def register_gradient_weight(parameters, weight: GradientWeight, exclusive: bool
     """Register ``weight`` on every parameter that requires grad; returns a handle.
 
     A parameter frozen now gets the weight once it requires grad and the handle's
-    ``hook_unfrozen()`` runs (the callback runs it before each forward pass).
+    ``hook_unfrozen()`` runs (the callback runs it in ``on_batch_begin`` and before
+    each forward pass of the model).
 
     Args:
         parameters: iterable of tensors (e.g. ``model.parameters()``).

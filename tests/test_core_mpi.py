@@ -102,6 +102,28 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle
     assert all(needle in msg for _, _, msg in errors), errors
 
 
+@pytest.mark.parametrize("case, needle", [
+    ("between", None),
+    ("within", "became trainable after cb.on_batch_begin() of step 6"),
+    ("before", "were frozen (requires_grad=False) when hvd.DistributedOptimizer was created"),
+])
+def test_a_parameter_unfrozen_mid_training_is_weighted_or_refused(case, needle):
+    # The loop calls a method of the model (no forward pre-hook runs): a parameter
+    # unfrozen between steps is weighted from on_batch_begin (every gradient checked
+    # against the gathered global batch's, float64); one unfrozen within a step, or one
+    # Horovod does not allreduce (frozen when the DistributedOptimizer was created), is
+    # a ConfigError on every rank, not a silently wrong gradient.
+    proc = mpirun(3, os.path.join(HERE, "unfreeze.py"), case, timeout=120, check=False)
+    out = proc.stdout
+    if needle is None:
+        assert proc.returncode == 0, out[-3000:]
+        assert out.count("UNFREEZE-OK") == 3, out[-3000:]
+    else:
+        errors = re.findall(r"rank (\d) CONFIG-ERROR (.*)", out)
+        assert sorted(r for r, _ in errors) == ["0", "1", "2"], out[-3000:]
+        assert all(needle in msg and "head.weight, head.bias" in msg for _, msg in errors), errors
+
+
 @pytest.mark.parametrize("workers, every, how", [(0, 1, "plain"), (2, 1, "plain"),
                                                  (0, 20, "wrap"), (2, 1, "wrap")])
 def test_a_loop_that_fetches_the_next_batch_before_on_batch_end(workers, every, how):
