@@ -891,14 +891,29 @@ class OmniLearnCallback(ScheduledSizes):
         ``abort_on_exception`` hook, so the exception still ends the whole job with
         this rank named.
         """
-        failing = sys.exc_info()[1] is not None
+        self._end(failing=sys.exc_info()[1] is not None)
+
+    close = on_train_end
+
+    def __enter__(self):
+        """``with cb:`` around the training: :meth:`on_train_end` on the way out, as
+        from a ``finally:`` block (an exception still ends the whole job).
+
+        >>> # with cb:
+        >>> #     for epoch in range(epochs): ...
+        """
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._end(failing=exc is not None)
+        return False
+
+    def _end(self, failing: bool):
         if failing:
             self._pending = None
         else:
             self._drop_pending()
         self._detach(keep_abort=failing)
-
-    close = on_train_end
 
     def _drop_pending(self):
         """Complete an in-flight gather without deciding on it."""

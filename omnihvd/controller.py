@@ -164,6 +164,20 @@ def _check_float(name, value, minimum, *, strict=False):
     return value
 
 
+# A proportional step of gain K leaves (1 - K) of the error: above 2 each step
+# overshoots by more than it corrects, and the split diverges.
+MAX_GAIN = 2.0
+
+
+def _check_gain(gain) -> float:
+    gain = _check_float("gain", gain, 0.0, strict=True)
+    if gain > MAX_GAIN:
+        raise ConfigError("gain must be in (0, %g]: a step of gain K leaves 1 - K of the "
+                          "imbalance, so above %g the split overshoots by more than it "
+                          "corrects and diverges; got %r" % (MAX_GAIN, MAX_GAIN, gain))
+    return gain
+
+
 def resolve_bounds(n: int, global_batch_size: int, min_batch_size: IntOrList = 1,
                    max_batch_size: IntOrList = None):
     """Per-rank integer bounds ``(lo, hi)`` as int64 arrays, checked for feasibility.
@@ -303,8 +317,9 @@ def initial_split(num_ranks: int, global_batch_size: int, lo, hi, initial_batch_
     """
     if initial_batch_sizes is None:
         return apportion([1.0] * num_ranks, global_batch_size, lo, hi, size_multiple)
-    try:
-        sizes = [int(b) for b in initial_batch_sizes]
+    try:   # a dict or a set would give its keys, in no agreed order
+        sizes = (None if isinstance(initial_batch_sizes, (dict, set, frozenset, str))
+                 else [int(b) for b in initial_batch_sizes])
     except (TypeError, ValueError):
         sizes = None
     if sizes is None or len(sizes) != num_ranks or any(
@@ -502,8 +517,8 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
         global_batch_size: B; the result always sums to it exactly.
         min_batch_size: int or per-rank list (default 1).
         max_batch_size: None, int, or per-rank list (memory caps).
-        gain: K in ``delta_i = -K x_i (t_i - mean t)``; 1.0 jumps straight to the
-            proportional split, smaller values move part of the way.
+        gain: K in ``delta_i = -K x_i (t_i - mean t)``, in (0, 2]; 1.0 jumps straight
+            to the proportional split, smaller values move part of the way.
         deadband: return ``batch_sizes`` unchanged when the largest relative change
             ``max |b_i' - b_i| / b_i`` is below it (only when ``batch_sizes`` is itself
             a valid split; otherwise the sizes must change anyway).
@@ -515,7 +530,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
 
     Raises:
         ConfigError: malformed input (lengths, non-integer sizes, non-positive or
-            non-finite times, a gain <= 0 or a negative dead band).
+            non-finite times, a gain outside (0, 2] or a negative dead band).
         InfeasibleError: bounds that admit no split.
 
     Example: speeds 1:1:2:4 at equal sizes, then the proportional split:
@@ -529,7 +544,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
     if np.any(b < 1):
         raise ConfigError("batch_sizes must be >= 1, got %r" % (list(batch_sizes),))
     t = _as_time_vector("times", times, b.size)
-    gain = _check_float("gain", gain, 0.0, strict=True)
+    gain = _check_gain(gain)
     deadband = _check_float("deadband", deadband, 0.0)
     lo, hi = resolve_bounds(b.size, global_batch_size, min_batch_size, max_batch_size)
     # The update is scale-free (only the times' ratios matter), so they are taken
@@ -704,7 +719,7 @@ class Controller:
         if policy not in POLICIES:
             raise ConfigError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
         self.policy = policy
-        self.gain = _check_float("gain", gain, 0.0, strict=True)
+        self.gain = _check_gain(gain)
         self.deadband = _check_float("deadband", deadband, 0.0)
         self.history = _check_int("history", history, 2)
         self.change_tolerance = _check_float("change_tolerance", change_tolerance, 0.0, strict=True)

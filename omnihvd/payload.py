@@ -141,7 +141,9 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
             "sampler (dataset length, seed, shuffle, drop_last, epoch, position in it): "
             "omnihvd state diverged -- were different checkpoints loaded, or a sampler "
             "created, loaded or given set_epoch() differently on some rank after "
-            "on_train_begin()?" % step)
+            "on_train_begin()? Iterating the training loader again mid-epoch on some rank "
+            "(next(iter(loader)) to look at a batch) starts a new pass of it there: look "
+            "at batches through another loader" % step)
     blocks, column = int(matrix[0, BLOCKS]), PAYLOAD_FIELDS
     per_step = {}
     for k, name in enumerate(STEP_BLOCKS):

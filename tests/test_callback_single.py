@@ -596,6 +596,27 @@ def test_on_train_end_removes_every_hook(data):
     assert hook_counts(model, opt) == ([0, 0], 0)
 
 
+def test_with_cb_ends_the_training_on_the_way_out(data):
+    model, opt, cb = build(adjust_every=2, abort_on_exception=True)
+    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
+    with cb as same:
+        assert same is cb
+        cb.on_train_begin()
+        train(model, opt, cb, sampler, data, epochs=1, max_steps=3)   # a gather in flight
+        assert hook_counts(model, opt) == ([1, 1], 2)
+    assert hook_counts(model, opt) == ([0, 0], 0) and cb._pending is None
+    assert cb._abort_handle is None
+    # an exception leaves the block: it propagates, and the abort hook stays for it
+    cb.on_train_begin()
+    with pytest.raises(KeyError):
+        with cb:
+            raise KeyError("boom")
+    assert hook_counts(model, opt) == ([0, 0], 0) and cb._abort_handle is not None
+    cb.on_train_begin()
+    cb.on_train_end()
+    assert cb._abort_handle is None
+
+
 def test_step_after_train_end_is_not_timed(data):
     model, opt, cb = build(adjust_every=1, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)

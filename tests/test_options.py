@@ -74,6 +74,9 @@ def test_a_bad_option_is_named_with_its_value(option, value, message):
     (dict(gain=0.0), "gain"), (dict(deadband=-0.1), "deadband"),
     (dict(min_batch_size=0), "min_batch_size"), (dict(max_batch_size=[8, 8, 8]), "max_batch_size"),
     (dict(initial_batch_sizes=[3, 4]), "sum to 7, not global_batch_size 8"),
+    # a dict gives its keys (0 and 1 once read "[0, 1] sum to 1"): refused as a dict
+    (dict(initial_batch_sizes={0: 3, 1: 5}), r"must be a list of 2 ints .* got \{0: 3, 1: 5\}"),
+    (dict(gain=2.5), "gain must be in"),
     (dict(size_multiple=0), "size_multiple"),
 ])
 def test_the_controllers_checks_still_apply(kw, needle):
