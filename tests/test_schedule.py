@@ -89,3 +89,78 @@ def test_restore_from_another_number_of_ranks_starts_from_the_initial_split():
     assert schedule.step == 9 and schedule.batch_sizes_at(9) == [16, 24]
     assert controller.hi.tolist() == [40, 40]          # another world's caps do not apply
     assert controller.state_dict()["sizes"] == []      # nor its measured history
+
+
+def _two_ranks(N=40, changes=((5, [2, 6]), (10, [5, 3]))):
+    """Two simulated ranks (B = 8, 5 steps an epoch of 40): their owners and training
+    samplers, with size changes at the epoch boundaries (steps 5 and 10)."""
+    from omnihvd.sampler import HeterogeneousBatchSampler
+    owners = [Owner(r, [4, 4], Controller(2, 8)) for r in range(2)]
+    for owner in owners:
+        for first, sizes in changes:
+            owner.schedule.change(first, sizes)
+    return owners, [HeterogeneousBatchSampler(N, o, seed=0) for o in owners]
+
+
+def _fetch(samplers, its, epochs, r):
+    """Rank r's next batch, starting the next epoch's pass when this one is done."""
+    batch = next(its[r], None)
+    if batch is None:
+        epochs[r] += 1
+        samplers[r].set_epoch(epochs[r])
+        its[r] = iter(samplers[r])
+        batch = next(its[r])
+    return epochs[r], batch
+
+
+@pytest.mark.parametrize("shape", ["after_step", "before_begin"])
+def test_a_pass_begun_ahead_of_its_first_step_starts_at_the_next_step(shape):
+    # A loop that fetches its next batch between opt.step() and on_batch_end() (apex's
+    # data_prefetcher with a max-steps loop), or one ahead of on_batch_begin()
+    # (Lightning's look-ahead), begins the next epoch's pass while the epoch's last
+    # step runs or is about to: that pass's first batch is for the step after it. It
+    # was cut for the running step: with sizes changing at the epoch boundary rank 0
+    # trained 4 samples weighted for 2, and a checkpoint skipped samples.
+    owners, samplers = _two_ranks()
+    its, epochs = [iter(s) for s in samplers], [0, 0]
+    held = [_fetch(samplers, its, epochs, r) for r in range(2)]
+    seen = {}
+    for step in range(14):
+        if shape == "before_begin":   # the next batch is fetched before the hooks
+            ahead = [_fetch(samplers, its, epochs, r) for r in range(2)]
+        for r, owner in enumerate(owners):   # on_batch_begin: the weights' sizes
+            epoch, batch = held[r]
+            assert owner.current_step == step
+            assert len(batch) == owner.batch_sizes_at(step)[r], (shape, step, r)
+            seen.setdefault(epoch, []).extend(batch)
+        if shape == "after_step":     # fetched after opt.step(), before on_batch_end()
+            ahead = [_fetch(samplers, its, epochs, r) for r in range(2)]
+        for owner in owners:          # on_batch_end
+            owner.schedule.advance()
+        held = ahead
+        if step == 6:   # a checkpoint two steps into the second epoch: two steps done
+            assert [s.state_dict()["step_in_epoch"] for s in samplers] == [2, 2]
+            assert [s.state_dict()["epoch"] for s in samplers] == [1, 1]
+    assert all(sorted(seen[e]) == list(range(40)) for e in (0, 1)), seen
+
+
+def test_a_pass_begun_again_within_a_step_reruns_that_step():
+    # break_mid: the loop leaves the epoch between opt.step() and on_batch_end() of
+    # step 2 (a max-steps check) and begins the next epoch, whose first batch runs as
+    # step 2 again (on_batch_begin of the same step): the earlier pass did not finish
+    owners, samplers = _two_ranks(changes=((3, [2, 6]),))
+    its = [iter(s) for s in samplers]
+    for step in range(3):
+        batches = [next(it) for it in its]
+        if step < 2:
+            for owner in owners:
+                owner.schedule.advance()
+    for s in samplers:
+        s.set_epoch(1)
+    its = [iter(s) for s in samplers]
+    for step in range(2, 5):
+        for r, it in enumerate(its):
+            assert len(next(it)) == owners[r].batch_sizes_at(step)[r], (step, r)
+        for owner in owners:
+            owner.schedule.advance()
+    assert [s.state_dict()["step_in_epoch"] for s in samplers] == [3, 3]
