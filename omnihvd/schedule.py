@@ -202,14 +202,18 @@ class SizeSchedule:
         """Use ``sizes`` from ``first_step`` on.
 
         Raises:
-            RuntimeError: a sampler already handed out ``first_step`` (omnihvd's own
-                bug: the cadence chooses a step after every rank's look-ahead).
+            RuntimeError: a sampler already handed out ``first_step``: the loop trained
+                fewer batches than its loader yielded (a skipped batch), or omnihvd's
+                own bug (the cadence chooses a step after every rank's look-ahead).
         """
         if first_step <= self._issued_upto:
             raise RuntimeError(
-                "omnihvd internal error: rank %d already handed out step %d, so new sizes cannot "
-                "start at step %d; please report this with your DataLoader settings"
-                % (self.rank, self._issued_upto, first_step))
+                "omnihvd: rank %d already handed out step %d, so new sizes cannot start at "
+                "step %d. A loop that skips a batch its loader yielded (a `continue` after "
+                "cb.on_batch_begin(), a NaN guard that fetches a replacement) does this: call "
+                "on_batch_end() for every batch the loader yields (cb.wrap(loader) checks "
+                "it); otherwise it is omnihvd's bug: please report it with your DataLoader "
+                "settings" % (self.rank, self._issued_upto, first_step))
         self._changes = [c for c in self._changes if c[0] < first_step] + [(first_step, list(sizes))]
 
     def advance(self):
