@@ -25,10 +25,9 @@ The sizes come from a *schedule*, any object of the protocol
 :class:`omnihvd.schedule.BatchSchedule` (``rank``, ``num_ranks``,
 ``global_batch_size``, ``current_step`` and ``issue(step, total)``; optionally
 ``can_split(total) -> bool``, whether a partial step of ``total`` fits the bounds,
-``register_sampler(sampler, train) -> bool`` and ``restart_pass(partial, first)``,
-called at the start of each training pass with ``(step, total)`` of the pass's last,
-partial step or None, and the global step of its first batch): the
-:class:`~omnihvd.OmniLearnCallback`,
+``register_sampler(sampler, train) -> bool`` and ``restart_pass(partial)``, called at
+the start of each training pass with ``(step, total)`` of the pass's last, partial
+step or None): the :class:`~omnihvd.OmniLearnCallback`,
 or :class:`StaticSchedule`, a fixed one for tests and evaluation: it cuts the sizes
 but weights no gradient, so training on it averages unequal batches as if equal.
 For a fixed heterogeneous split in training, give the callback
@@ -109,7 +108,6 @@ class HeterogeneousBatchSampler(Sampler):
         self._resume_step = 0      # step of the epoch to start from (after a resume)
         self._epoch_base: Optional[int] = None  # global step of the epoch's step 0
         self._pass_start: Optional[int] = None  # where the epoch's latest pass started
-        self._last_handed: Optional[int] = None  # global step of a finished pass's last batch
 
     # -------------------------------------------------------------- geometry
     @property
@@ -162,15 +160,7 @@ class HeterogeneousBatchSampler(Sampler):
         rank = self.schedule.rank
         full_steps = self.num_samples // B
         start = self._pass_start = self._resume_step
-        first = self.schedule.current_step
-        if self.train and self._last_handed == first:
-            # the last pass ran to its end and its last batch is the step running now
-            # or about to run: this pass was begun ahead of it (a loop that fetches its
-            # next batch before on_batch_end, or one ahead of on_batch_begin, across
-            # an epoch's end), so its first step is the next one
-            first += 1
-        self._last_handed = None
-        base = first - start
+        base = self.schedule.current_step - start
         # decided once for the pass (asked again at hand-out, with the bounds of a later
         # step, the answer could differ between ranks that hand out at different steps)
         partial = self._partial()
@@ -178,8 +168,7 @@ class HeterogeneousBatchSampler(Sampler):
             self._epoch_base = base
             restart = getattr(self.schedule, "restart_pass", None)
             if restart is not None:   # a pass left early handed out steps never run
-                restart((base + full_steps, partial) if partial else None, first=first)
-        last = start - 1
+                restart((base + full_steps, partial) if partial else None)
         for j in range(start, full_steps + (1 if partial else 0)):
             total = B if j < full_steps else partial
             if self.train:
@@ -189,10 +178,7 @@ class HeterogeneousBatchSampler(Sampler):
             if sizes is None:  # the bounds changed since __len__: no split holds this step
                 break
             offset = j * B + sum(sizes[:rank])
-            last = j
             yield order[offset:offset + sizes[rank]].tolist()
-        if self.train and last >= start:
-            self._last_handed = base + last
         self._resume_step = 0
 
     # ---------------------------------------------------------- checkpoints
@@ -200,8 +186,7 @@ class HeterogeneousBatchSampler(Sampler):
         """Steps of the current epoch already consumed by the training loop."""
         if self._epoch_base is None:
             return self._resume_step
-        # 0 while the step before a pass begun ahead of it still runs
-        return min(max(self.schedule.current_step - self._epoch_base, 0), self.steps_per_epoch)
+        return min(self.schedule.current_step - self._epoch_base, self.steps_per_epoch)
 
     def state_dict(self) -> Dict:
         """Epoch and position, to resume mid-epoch (also on a different rank count)."""
@@ -237,5 +222,5 @@ class HeterogeneousBatchSampler(Sampler):
                               % (step, most))
         self.epoch = epoch
         self._resume_step = min(step, self.steps_per_epoch)
-        self._epoch_base = self._pass_start = self._last_handed = None
+        self._epoch_base = self._pass_start = None
 

@@ -30,9 +30,9 @@ class BatchSchedule(Protocol):
     partial step of ``total`` fits the bounds) and ``register_sampler(sampler, train)
     -> bool``, which samplers call once so that their settings join the cross-rank
     check; it says whether the sampler drives the schedule (training) or only reads
-    it (evaluation: ``issue(step, total, record=False)``); and ``restart_pass(partial,
-    first)``, which a training sampler calls as each pass over its data begins (steps
-    an earlier pass handed out from ``first`` on are void: the loop never ran them).
+    it (evaluation: ``issue(step, total, record=False)``); and ``restart_pass()``,
+    which a training sampler calls as each pass over its data begins (steps an
+    earlier pass handed out but the loop never ran are void).
     """
 
     rank: int
@@ -125,16 +125,12 @@ class SizeSchedule:
             self._max_lookahead = max(self._max_lookahead, step - self.step)
         return list(sizes)
 
-    def restart(self, partial: Optional[Tuple[int, int]] = None, first: Optional[int] = None):
-        """A training sampler starts a new pass whose first batch is for step
-        ``first`` (default: the current step): steps handed out by an earlier pass
-        from there on were never run (a loop that broke out of its epoch) and are
-        void. The deepest look-ahead seen stays: a loop that fetches its next batch
-        after ``opt.step()`` shows it only after the new pass's first gather.
-        ``partial``: ``(step, total)`` of the pass's last, partial step, or None."""
-        first = self.step if first is None else first
-        self._issued = {s: v for s, v in self._issued.items() if s < first}
-        self._issued_upto = first - 1
+    def restart(self, partial: Optional[Tuple[int, int]] = None):
+        """A training sampler starts a new pass: steps handed out by an earlier pass
+        but never run (a loop that broke out of its epoch) are void. ``partial``:
+        ``(step, total)`` of the pass's last, partial step, or None."""
+        self._issued = {s: v for s, v in self._issued.items() if s < self.step}
+        self._issued_upto = self.step - 1
         self._partial_step = partial
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
@@ -276,12 +272,10 @@ class ScheduledSizes:
         """Whether a partial step of ``total`` samples fits the per-rank bounds now."""
         return self.schedule.can_split(total)
 
-    def restart_pass(self, partial: Optional[Tuple[int, int]] = None,
-                     first: Optional[int] = None):
+    def restart_pass(self, partial: Optional[Tuple[int, int]] = None):
         """Called by the training sampler at the start of each pass over its data, with
-        ``(step, total)`` of the pass's last, partial step (None: it has none) and the
-        global step of the pass's first batch (None: the current step)."""
-        self.schedule.restart(partial, first)
+        ``(step, total)`` of the pass's last, partial step (None: it has none)."""
+        self.schedule.restart(partial)
 
     def register_sampler(self, sampler, train: Optional[bool] = None) -> bool:
         """Called by :class:`~omnihvd.HeterogeneousBatchSampler`: its dataset length,
