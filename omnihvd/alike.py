@@ -220,7 +220,7 @@ class AlikeGroups:
             count = np.isfinite(seen).sum(axis=0)
             mean = np.nansum(seen, axis=0) / count
             spread = np.nansum((seen - mean) ** 2, axis=0) / np.maximum(count - 1, 1)
-            error = np.where(count > 1, np.sqrt(spread / count), 0.0)
+            error = np.where(count > 1, np.sqrt(spread) / np.sqrt(count), 0.0)
             last, before = np.abs(seen[-1]), np.abs(seen[-2])
             # beyond twice OBVIOUS in the group's first window (start-up strays), or
             # beyond it in the last two windows the same way (one disturbed window is

@@ -98,7 +98,7 @@ class OmniLearnCallback(ScheduledSizes):
         deadband: apply new sizes only when the largest relative change reaches it
             (default 0.01; the noise gate, not the dead band, keeps noise from moving
             the split: see :data:`omnihvd.controller.DEFAULT_DEADBAND`).
-        gain: controller gain K (default 1.0).
+        gain: controller gain K, in (0, 2) (default 1.0).
         adjust_every: steps between adjustments (default 20). A window holds the
             ``adjust_every`` steps before the step that gathers, so the first one
             ``adjust_every - 1``; a change is decided on again at the first gather
@@ -303,6 +303,7 @@ class OmniLearnCallback(ScheduledSizes):
         hooks = [weights, self._optimizer.register_step_pre_hook(self._on_step_entry),
                  self._optimizer.register_step_post_hook(self._on_step_exit)]
         self._weights = weights
+        self._refuse_unreduced([p for g in self._optimizer.param_groups for p in g["params"]])
         if weights.frozen:   # gradual unfreezing: weighted before their first backward pass
             hooks.append(self._model.register_forward_pre_hook(
                 lambda module, args: self._weigh_unfrozen()))
@@ -311,21 +312,25 @@ class OmniLearnCallback(ScheduledSizes):
     def _weigh_unfrozen(self):
         """Weight the parameters unfrozen since the last look (at ``on_batch_begin`` and
         before each forward pass of the model: a loop may call a method of the model
-        rather than the model itself). One that Horovod does not allreduce is refused:
-        the optimizer would update it with this rank's gradient alone."""
-        if self._weights is None or not self._weights.frozen:
-            return
-        unfrozen = self._weights.hook_unfrozen()
-        hooked = getattr(self._optimizer, "_requires_update", None)   # Horovod's allreduced
-        if not unfrozen or not isinstance(hooked, set):
-            return
+        rather than the model itself)."""
+        if self._weights is not None and self._weights.frozen:
+            self._refuse_unreduced(self._weights.hook_unfrozen())
+
+    def _refuse_unreduced(self, parameters):
+        """Refuse trainable parameters of the optimizer that Horovod does not allreduce
+        (frozen when the DistributedOptimizer was created): the optimizer would update
+        them with this rank's gradient alone and the replicas would drift apart."""
+        hooked = getattr(self._optimizer, "_requires_update", None)   # what Horovod reduces
+        if not parameters or not isinstance(hooked, set) or not hooked:
+            return   # not Horovod's optimizer, or one rank: Horovod hooks nothing then
         updated = {id(q) for g in self._optimizer.param_groups for q in g["params"]}
-        missing = [p for p in unfrozen if id(p) in updated and p not in hooked]
+        missing = [p for p in parameters
+                   if p.requires_grad and id(p) in updated and p not in hooked]
         if missing:
             raise ConfigError(
                 "rank %d: parameter(s) %s were frozen (requires_grad=False) when "
                 "hvd.DistributedOptimizer was created, so Horovod never allreduces their "
-                "gradients: unfrozen, each rank would update them with its own gradient "
+                "gradients: trained now, each rank would update them with its own gradient "
                 "and the replicas would drift apart. Create the DistributedOptimizer with "
                 "every parameter you will train trainable (freeze them after creating it), "
                 "or create a new one after unfreezing" % (self.rank, self._names(missing)))
@@ -891,7 +896,12 @@ class OmniLearnCallback(ScheduledSizes):
         ``abort_on_exception`` hook, so the exception still ends the whole job with
         this rank named.
         """
-        self._end(failing=sys.exc_info()[1] is not None)
+        failing = sys.exc_info()[1] is not None
+        if failing:
+            self._pending = None
+        else:
+            self._drop_pending()
+        self._detach(keep_abort=failing)
 
     close = on_train_end
 
@@ -905,15 +915,8 @@ class OmniLearnCallback(ScheduledSizes):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._end(failing=exc is not None)
+        self.on_train_end()   # sys.exc_info() holds the exception leaving the block
         return False
-
-    def _end(self, failing: bool):
-        if failing:
-            self._pending = None
-        else:
-            self._drop_pending()
-        self._detach(keep_abort=failing)
 
     def _drop_pending(self):
         """Complete an in-flight gather without deciding on it."""

@@ -32,6 +32,7 @@ under the same bounds, or says that no split fits.
 """
 import math
 import warnings
+from collections.abc import Mapping, Set as AbstractSet
 from typing import List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -164,17 +165,18 @@ def _check_float(name, value, minimum, *, strict=False):
     return value
 
 
-# A proportional step of gain K leaves (1 - K) of the error: above 2 each step
-# overshoots by more than it corrects, and the split diverges.
+# A proportional step of gain K leaves (1 - K) of the error: at 2 each step overshoots
+# by as much as it corrects (the split swings for ever), above 2 it diverges.
 MAX_GAIN = 2.0
 
 
 def _check_gain(gain) -> float:
     gain = _check_float("gain", gain, 0.0, strict=True)
-    if gain > MAX_GAIN:
-        raise ConfigError("gain must be in (0, %g]: a step of gain K leaves 1 - K of the "
-                          "imbalance, so above %g the split overshoots by more than it "
-                          "corrects and diverges; got %r" % (MAX_GAIN, MAX_GAIN, gain))
+    if gain >= MAX_GAIN:
+        raise ConfigError("gain must be in (0, %g): a step of gain K leaves 1 - K of the "
+                          "imbalance, so from %g on the split overshoots by as much as it "
+                          "corrects or more and never settles; got %r"
+                          % (MAX_GAIN, MAX_GAIN, gain))
     return gain
 
 
@@ -317,8 +319,8 @@ def initial_split(num_ranks: int, global_batch_size: int, lo, hi, initial_batch_
     """
     if initial_batch_sizes is None:
         return apportion([1.0] * num_ranks, global_batch_size, lo, hi, size_multiple)
-    try:   # a dict or a set would give its keys, in no agreed order
-        sizes = (None if isinstance(initial_batch_sizes, (dict, set, frozenset, str))
+    try:   # a mapping or a set would give its keys, in no agreed order
+        sizes = (None if isinstance(initial_batch_sizes, (Mapping, AbstractSet, str))
                  else [int(b) for b in initial_batch_sizes])
     except (TypeError, ValueError):
         sizes = None
@@ -517,7 +519,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
         global_batch_size: B; the result always sums to it exactly.
         min_batch_size: int or per-rank list (default 1).
         max_batch_size: None, int, or per-rank list (memory caps).
-        gain: K in ``delta_i = -K x_i (t_i - mean t)``, in (0, 2]; 1.0 jumps straight
+        gain: K in ``delta_i = -K x_i (t_i - mean t)``, in (0, 2); 1.0 jumps straight
             to the proportional split, smaller values move part of the way.
         deadband: return ``batch_sizes`` unchanged when the largest relative change
             ``max |b_i' - b_i| / b_i`` is below it (only when ``batch_sizes`` is itself
@@ -530,7 +532,7 @@ def rebalance(batch_sizes, times, global_batch_size, *, min_batch_size=1, max_ba
 
     Raises:
         ConfigError: malformed input (lengths, non-integer sizes, non-positive or
-            non-finite times, a gain outside (0, 2] or a negative dead band).
+            non-finite times, a gain outside (0, 2) or a negative dead band).
         InfeasibleError: bounds that admit no split.
 
     Example: speeds 1:1:2:4 at equal sizes, then the proportional split:

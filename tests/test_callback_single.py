@@ -617,6 +617,21 @@ def test_with_cb_ends_the_training_on_the_way_out(data):
     assert cb._abort_handle is None
 
 
+def test_unfreezing_in_a_one_rank_run_is_no_error(data):
+    # On one rank Horovod hooks (and allreduces) nothing: its empty registry is no sign
+    # of a parameter frozen when the optimizer was created (a false ConfigError once)
+    model, opt, cb = build(adjust_every=2)
+    assert opt._requires_update == set()
+    model.bias.requires_grad_(False)
+    cb.on_train_begin()
+    model.bias.requires_grad_(True)
+    before = model.bias.detach().clone()
+    train(model, opt, cb, omnihvd.HeterogeneousBatchSampler(N, cb), data, epochs=1,
+          max_steps=3)
+    cb.on_train_end()
+    assert not torch.equal(before, model.bias)   # it trained
+
+
 def test_step_after_train_end_is_not_timed(data):
     model, opt, cb = build(adjust_every=1, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)

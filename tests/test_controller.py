@@ -482,11 +482,11 @@ BAD_CALLS = [
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, max_batch_size=9), InfeasibleError, r"sum to 18 < global_batch_size 20"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, max_batch_size=[15, 4]), InfeasibleError, "19 < global_batch_size 20"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=0.0), ConfigError, "gain"),
-    # above 2 every step overshoots by more than it corrects (1e308 overflowed into a
-    # "targets must be finite" that named no option)
-    (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=2.5), ConfigError, r"gain must be in \(0, 2\]"),
+    # from 2 on every step overshoots by as much as it corrects or more (1e308 overflowed
+    # into a "targets must be finite" that named no option)
+    (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=2.0), ConfigError, r"gain must be in \(0, 2\)"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=1e308), ConfigError, "gain must be in"),
-    (lambda: Controller(2, 20, gain=3.0), ConfigError, r"gain must be in \(0, 2\]"),
+    (lambda: Controller(2, 20, gain=3.0), ConfigError, r"gain must be in \(0, 2\)"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=-1.0), ConfigError, "gain"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain=float("nan")), ConfigError, "gain"),
     (lambda: rebalance([10, 10], [1.0, 1.0], 20, gain="1"), ConfigError, "gain must be a number"),

@@ -106,6 +106,7 @@ def test_bad_or_inconsistent_configuration_raises_on_every_rank(scenario, needle
     ("between", None),
     ("within", "became trainable after cb.on_batch_begin() of step 6"),
     ("before", "were frozen (requires_grad=False) when hvd.DistributedOptimizer was created"),
+    ("before_cb", "were frozen (requires_grad=False) when hvd.DistributedOptimizer was created"),
 ])
 def test_a_parameter_unfrozen_mid_training_is_weighted_or_refused(case, needle):
     # The loop calls a method of the model (no forward pre-hook runs): a parameter

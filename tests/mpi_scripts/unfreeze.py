@@ -14,6 +14,8 @@ Usage: unfreeze.py CASE
            -> a ConfigError on every rank
   before   ``head`` frozen when the DistributedOptimizer is created (Horovod never
            allreduces it), unfrozen between steps -> a ConfigError on every rank
+  before_cb  the same, unfrozen before the callback registers its hooks -> a
+           ConfigError on every rank at on_train_begin
 """
 import sys
 import time
@@ -42,12 +44,12 @@ class Net(torch.nn.Module):
 
 
 model = Net()
-if case == "before":
+if case in ("before", "before_cb"):
     model.head.requires_grad_(False)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                named_parameters=model.named_parameters())
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-model.head.requires_grad_(False)
+model.head.requires_grad_(case == "before_cb")
 cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=B, adjust_every=2, deadband=0.0)
 gen = torch.Generator().manual_seed(1)
 data = torch.utils.data.TensorDataset(torch.randn(N, 4, generator=gen), torch.randn(N, generator=gen))
