@@ -156,9 +156,9 @@ def release_lags(releases, hosts, cpusets, arrived=None) -> np.ndarray:
     known = np.flatnonzero(np.isfinite(h) & np.isfinite(c))   # ranks with no machine: no lag
     if known.size == 0:
         return lags
-    # One pass over all ranks (a Python loop over the groups cost a second per decision
-    # at 4096 ranks): columns sorted by group, a group being the ranks of one machine on
-    # the same CPUs; numpy's reduceat then works on each group's run of columns.
+    # One pass over all ranks (a loop over the groups, each masking all ranks, made the
+    # decision quadratic: 0.65 s at 4096 ranks): columns sorted by group, a group being
+    # the ranks of one machine on the same CPUs; reduceat works on each group's columns.
     keys, group = np.unique(np.stack([h[known], c[known]], axis=1), axis=0,
                             return_inverse=True)   # keys sorted by machine, then CPUs
     group = group.ravel()
