@@ -21,9 +21,10 @@ gathers with the default options also holds each step's release and arrival mome
 each rank's machine, CPUs and kind (release lag, arrival lead, alike ranks), so the
 decision is also timed on that (``gathered``): payload rows built as the callback
 builds them, read back with :func:`omnihvd.payload.read_gathered` and decided by
-:meth:`omnihvd.cadence.Cadence.decide`, on machines of 8 ranks of two GPU generations,
-the ranks of a machine either each on their own cores (``pinned``: none alike) or
-sharing its cores (``shared``: its 8 ranks alike).
+:meth:`omnihvd.cadence.Cadence.decide_gathered` (the callback's own call), on
+machines of 8 ranks of two GPU generations, the ranks of a machine either each on
+their own cores (``pinned``: none alike) or sharing its cores (``shared``: its 8 ranks
+alike).
 
 Usage::
 
@@ -143,12 +144,8 @@ def gathered_decisions(n, placement, rounds=12, seed=0, steps=20):
             kind=kinds[i]) for i in range(n)])
         step += steps
         start = time.thread_time()
-        got = read_gathered(matrix, step)
-        decision = cadence.decide(
-            step, got.sizes, got.times, got.errors, got.counts, measured_upto=step - 1,
-            lookahead=got.lookahead, periods=got.periods, period_errors=got.period_errors,
-            arrivals=got.arrivals, releases=got.releases, hosts=got.hosts,
-            cpusets=got.cpusets, arrived_at=got.arrived_at, kinds=got.kinds)
+        decision = cadence.decide_gathered(step, read_gathered(matrix, step),
+                                           measured_upto=step - 1)
         cpu.append(1e3 * (time.thread_time() - start))
         if decision.changed:
             sizes, step = list(decision.new_sizes), decision.effective_step + 1

@@ -338,6 +338,17 @@ class Cadence:
         split = self.controller.split_at(tuner.tilt if probe is None else probe)
         return self.propose(step, sizes, split, lookahead=lookahead)
 
+    def decide_gathered(self, step: int, got, *, measured_upto: Optional[int] = None
+                        ) -> Decision:
+        """:meth:`decide` on everything one gather holds (``got``: a
+        :class:`omnihvd.payload.Gathered`, as :func:`omnihvd.payload.read_gathered`
+        reads it)."""
+        return self.decide(step, got.sizes, got.times, got.errors, got.counts,
+                           measured_upto=measured_upto, lookahead=got.lookahead,
+                           periods=got.periods, period_errors=got.period_errors,
+                           arrivals=got.arrivals, releases=got.releases, hosts=got.hosts,
+                           cpusets=got.cpusets, arrived_at=got.arrived_at, kinds=got.kinds)
+
     def propose(self, step: int, sizes, new, *, lookahead: int = 0) -> Decision:
         """Schedule ``new`` (decided, or forced by lowered memory caps) after ``step``."""
         sizes, new = [int(b) for b in sizes], [int(b) for b in new]

@@ -792,9 +792,9 @@ class OmniLearnCallback(ScheduledSizes):
         hook; on_batch_end) do nothing."""
         if not self._timer.running:
             return
-        self._check_weighted()
         self._drop_if_synchronized()
         self._timer.mark_wait()
+        self._check_weighted()   # after the mark: omnihvd's own check is no step's work
         self._record()
         self._timer.stop()
 
@@ -980,13 +980,7 @@ class OmniLearnCallback(ScheduledSizes):
 
     def _decision(self, got, capped):
         """The cadence's verdict; with new caps a re-split even when timing is unusable."""
-        decision = self.cadence.decide(self.step, got.sizes, got.times, got.errors, got.counts,
-                                       measured_upto=self._window_end,
-                                       lookahead=got.lookahead, periods=got.periods,
-                                       period_errors=got.period_errors, arrivals=got.arrivals,
-                                       releases=got.releases, hosts=got.hosts,
-                                       cpusets=got.cpusets, arrived_at=got.arrived_at,
-                                       kinds=got.kinds)
+        decision = self.cadence.decide_gathered(self.step, got, measured_upto=self._window_end)
         if decision.skipped is not None and capped:
             # no usable timing, but the split must respect the new caps now
             forced = self.controller.split(self.schedule.latest)

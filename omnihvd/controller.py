@@ -655,22 +655,6 @@ def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
 # ------------------------------------------------------------ the controller
 
 
-def _column_medians(values) -> np.ndarray:
-    """The median of each column's finite entries (NaN where it has none): what
-    ``np.median`` gives for each column alone, bit for bit, in one pass over all
-    columns (a loop over thousands of ranks dominated a decision).
-
-    >>> _column_medians(np.array([[1.0, 4.0], [3.0, np.nan], [2.0, 2.0]])).tolist()
-    [2.0, 3.0]
-    """
-    ordered = np.sort(values, axis=0)   # NaN sorts last
-    count = np.isfinite(values).sum(axis=0)
-    low = np.take_along_axis(ordered, np.maximum(count - 1, 0)[None] // 2, axis=0)[0]
-    high = np.take_along_axis(ordered, count[None] // 2, axis=0)[0]
-    with np.errstate(invalid="ignore"):
-        return np.where(count > 0, (low + high) / 2.0, np.nan)
-
-
 class Controller:
     """Stateful wrapper the callback drives: history, policy, bounds, dead band.
 
@@ -945,7 +929,8 @@ class Controller:
             # every rank's together is the floor, so one lucky run of rounds does not
             # make a rank look quiet enough to act on a single round of it.
             own = seen.sum(axis=0) >= 3
-            noise[own] = np.maximum(noise[own], scale * _column_medians(deviation[:, own]))
+            noise[own] = np.maximum(noise[own],
+                                    scale * np.nanmedian(deviation[:, own], axis=0))
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,

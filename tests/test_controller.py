@@ -29,6 +29,7 @@ from omnihvd.controller import (
 )
 from omnihvd.errors import ConfigError, InfeasibleError, OmniHvdError
 from omnihvd.lead import arrival_offsets
+from omnihvd.timing import MAD_TO_SD
 
 pytestmark = pytest.mark.unit
 
@@ -830,15 +831,20 @@ def test_pooled_time_is_the_mean_of_the_rounds_at_the_current_sizes():
 
 
 def test_the_noise_of_each_rank_is_its_own_median_of_every_round():
-    # _round_noise takes each rank's median over its rounds in one pass over all ranks
-    # (a loop over thousands of ranks dominated a decision): the same bits as
-    # np.median of each rank's finite rounds alone
-    from omnihvd.controller import _column_medians
+    # _round_noise takes every rank's median over its rounds at once (a loop over
+    # thousands of ranks dominated a decision): each rank's noise is, rank by rank, the
+    # larger of every rank's rounds together and its own rounds' median
     rng = np.random.default_rng(0)
-    for _ in range(500):
-        values = rng.normal(size=(int(rng.integers(1, 10)), int(rng.integers(1, 6))))
-        values[rng.random(values.shape) < 0.3] = np.nan
-        got = _column_medians(values)
-        for column, median in zip(values.T, got):
-            finite = column[np.isfinite(column)]
-            assert (np.median(finite) == median) if finite.size else np.isnan(median)
+    ctl = Controller(5, 100)
+    for _ in range(8):
+        ctl.observe([20] * 5, 0.1 * rng.lognormal(0.0, [0.01, 0.01, 0.02, 0.3, 0.02]))
+    ratios = np.stack(ctl._ratios)
+    ratios = ratios[np.isfinite(ratios).sum(axis=1) >= 2]   # the first round has none
+    m = np.isfinite(ratios).sum(axis=1, keepdims=True)
+    deviation = (np.abs(ratios / np.nanmean(ratios, axis=1, keepdims=True) - 1.0)
+                 * np.sqrt(m / (m - 1.0)))
+    scale = MAD_TO_SD / np.sqrt(2.0)
+    floor = scale * np.median(deviation[np.isfinite(deviation)])
+    want = [max(floor, scale * np.median(column[np.isfinite(column)])) for column in deviation.T]
+    assert ctl.pooled()[2].tolist() == want
+    assert want[3] > floor == want[0]   # the noisy rank its own, a quiet one the floor
