@@ -16,6 +16,8 @@ from .errors import ConfigError, InfeasibleError, OmniHvdError, RankMismatchErro
 __version__ = "0.1.0"
 
 __all__ = [
+    "Balancer",
+    "BalancedLoader",
     "OmniLearnCallback",
     "HeterogeneousBatchSampler",
     "StaticSchedule",
@@ -34,6 +36,10 @@ __all__ = [
 def __getattr__(name):
     # torch and horovod load only when these are first used, so `omnihvd doctor`
     # and the pure-numpy controller work even where torch is broken.
+    if name in ("Balancer", "BalancedLoader"):
+        from . import balancer
+
+        return getattr(balancer, name)
     if name == "OmniLearnCallback":
         from .callback import OmniLearnCallback
 

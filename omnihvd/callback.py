@@ -59,6 +59,7 @@ from .comm import HorovodComm, LocalComm, PendingGather, agree_on_comm, make_com
 from .controller import DEFAULT_DEADBAND, partial_split
 from .cpuquota import SPREAD_FIX, cpu_quota_cores, quota_spread, usable_cpus
 from .errors import ConfigError
+from .internals import clear_synchronized_flag, horovod_reduced, synchronized_flag
 from .lags import cpuset_key, host_key
 from .losses import check_batch_length, checked_count, total_count
 from .membership import JOIN_NAME, ThroughputMeter, agree_on_world, world_report, worker_label
@@ -67,13 +68,19 @@ from .options import (check_agreement, configure_everywhere, model_fingerprint, 
                       resolve_options)
 from .payload import payload_row, read_gathered
 from .schedule import ScheduledSizes, SizeSchedule
+from .segments import ComputeSegments
 from .timing import DEFAULT_SUMMARY, StepTimer, TimedIterable
-from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, clear_synchronized_flag,
-                        register_gradient_weight, synchronized_flag, weighted_parameters)
+from .weighting import (GradientWeight, _optimizer_op, allreduce_weight, register_gradient_weight,
+                        weighted_parameters)
 
 __all__ = ["OmniLearnCallback"]
 
 log = logging.getLogger("omnihvd")
+
+# Horovod's backward passes per step while omnihvd balances a loop that accumulates
+# (backward_passes_per_step > 1): each rank runs as many passes as its share needs,
+# so none reaches the count and every gradient is allreduced once, in synchronize().
+ALL_AT_SYNCHRONIZE = 2 ** 31 - 1
 
 
 def _sampler_place(sampler) -> tuple:
@@ -300,14 +307,38 @@ class OmniLearnCallback(ScheduledSizes):
         """Gradient weights and the timing boundary; returns handles with ``remove()``."""
         weights = register_gradient_weight(
             weighted_parameters(self._model, self._optimizer), self._weight, exclusive=True)
-        hooks = [weights, self._optimizer.register_step_pre_hook(self._on_step_entry),
-                 self._optimizer.register_step_post_hook(self._on_step_exit)]
+        hooks = [weights, *self._step_hooks(), *self._accumulate_per_rank()]
         self._weights = weights
         self._refuse_unreduced([p for g in self._optimizer.param_groups for p in g["params"]])
         if weights.frozen:   # gradual unfreezing: weighted before their first backward pass
             hooks.append(self._model.register_forward_pre_hook(
                 lambda module, args: self._weigh_unfrozen()))
         return hooks
+
+    def _step_hooks(self) -> list:
+        """The optimizer's step hooks: the wait boundary, and the step's end."""
+        return [self._optimizer.register_step_pre_hook(self._on_step_entry),
+                self._optimizer.register_step_post_hook(self._on_step_exit)]
+
+    def _accumulate_per_rank(self) -> list:
+        """Let each rank run its own number of backward passes per step.
+
+        Horovod allreduces a gradient after exactly ``backward_passes_per_step``
+        passes; a loop that cuts its share into sub-batches of a fixed size runs
+        more passes on a rank with a larger share. While omnihvd is attached every
+        gradient is therefore allreduced in ``synchronize()`` (public
+        ``set_backward_passes_per_step``), once per step, whatever the passes.
+        Returns a handle that gives the optimizer its own count back."""
+        passes = self._backward_passes
+        if passes <= 1 or not hasattr(self._optimizer, "set_backward_passes_per_step"):
+            return []
+        self._optimizer.set_backward_passes_per_step(ALL_AT_SYNCHRONIZE)
+        restore = self._optimizer.set_backward_passes_per_step
+
+        class _Restore:
+            def remove(self):
+                restore(passes)
+        return [_Restore()]
 
     def _weigh_unfrozen(self):
         """Weight the parameters unfrozen since the last look (at ``on_batch_begin`` and
@@ -320,8 +351,8 @@ class OmniLearnCallback(ScheduledSizes):
         """Refuse trainable parameters of the optimizer that Horovod does not allreduce
         (frozen when the DistributedOptimizer was created): the optimizer would update
         them with this rank's gradient alone and the replicas would drift apart."""
-        hooked = getattr(self._optimizer, "_requires_update", None)   # what Horovod reduces
-        if not parameters or not isinstance(hooked, set) or not hooked:
+        hooked = horovod_reduced(self._optimizer)
+        if not parameters or not hooked:
             return   # not Horovod's optimizer, or one rank: Horovod hooks nothing then
         updated = {id(q) for g in self._optimizer.param_groups for q in g["params"]}
         missing = [p for p in parameters
@@ -400,12 +431,15 @@ class OmniLearnCallback(ScheduledSizes):
         self._backward_passes = getattr(optimizer, "backward_passes_per_step", 1)
         # None: this optimizer does not expose Horovod's private flag, so an explicit
         # synchronize() before step() cannot be detected (warned at on_train_begin).
-        self._sync_detectable = optimizer is None or synchronized_flag(optimizer) is not None
+        self._sync_detectable = (not hasattr(optimizer, "synchronize")
+                                 or synchronized_flag(optimizer) is not None)
         self._init_state()
 
     def _init_state(self):
         """The state of a run that has not started: no step, no gather, no hooks."""
         self._timer = StepTimer()
+        self._segments = ComputeSegments(self._timer)   # pauses it between the model's passes
+        self.ends_at_step = False     # on_batch_end when opt.step() returns (omnihvd.Balancer)
         self._warned_spread = False  # quota_spread is logged once per rank
         self._weight = GradientWeight(1.0)
         self._pending = None          # the posted gather of this step
@@ -578,7 +612,8 @@ class OmniLearnCallback(ScheduledSizes):
         check_agreement(self._waiting_for_peers(
             lambda: self._comm.allgather_object(self._fingerprint())))
         self._configure_timer()
-        self._hooks = self._install_hooks()
+        self._hooks = self._install_hooks() + self._segments.install(self._model)
+        self._weight.on_gradient = self._segments.backward_begins
         self._weight.refuse = self._outside_pair   # until the first on_batch_begin
         self._started = True
         if not self._sync_detectable and not self._warned_sync:
@@ -646,6 +681,7 @@ class OmniLearnCallback(ScheduledSizes):
             self.cadence.begin_step(sizes)
         self._drop_sample = self._recorded = False
         self._update_began, self._step_depth = None, 0
+        self._segments.new_step()
         self.overhead_seconds += time.perf_counter() - t0
         self._timer.start()
 
@@ -767,8 +803,8 @@ class OmniLearnCallback(ScheduledSizes):
     def _drop_if_synchronized(self):
         """Drop the running step's time if ``synchronize()`` already ran before its
         wait boundary: the time then includes waiting for the other ranks."""
-        if self._timer.marked or not synchronized_flag(self._optimizer):
-            return
+        if self._timer.marked or self._timer.paused or not synchronized_flag(self._optimizer):
+            return   # paused: the synchronize() came after the model's last pass, unseen
         self._drop_sample = True
         if not self._warned_sync:
             self._warned_sync = True
@@ -784,6 +820,8 @@ class OmniLearnCallback(ScheduledSizes):
         self._step_depth = max(0, self._step_depth - 1)
         if self._step_depth == 0 and self._begun_step == self.step:
             self._updated = True   # the model moved; on_batch_end has not counted the step
+            if self.ends_at_step:
+                self.on_batch_end()
 
     def _wait_boundary(self):
         """The step's own work is done; next this rank waits for its peers: stop the
@@ -884,6 +922,13 @@ class OmniLearnCallback(ScheduledSizes):
         self._weight.refuse = self._outside_pair   # until the next on_batch_begin
         self.overhead_seconds += time.perf_counter() - t0
 
+    def end_step(self):
+        """:meth:`on_batch_end` for a step begun and not yet ended, else nothing
+        (:class:`omnihvd.Balancer` calls it before each fetch: a loop may run no
+        ``opt.step()`` for a batch)."""
+        if self._started and self._begun_step == self.step:
+            self.on_batch_end()
+
     def on_epoch_end(self, epoch, logs=None):
         """Nothing to do: adjustments run by step, independent of epochs."""
 
@@ -931,7 +976,7 @@ class OmniLearnCallback(ScheduledSizes):
         if self._abort_handle is not None and not keep_abort:
             self._abort_handle.remove()
             self._abort_handle = None
-        self._weight.value, self._weight.refuse = 1.0, None
+        self._weight.value, self._weight.refuse, self._weight.on_gradient = 1.0, None, None
         self._started = False
 
     # ------------------------------------------------------------ deciding

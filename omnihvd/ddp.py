@@ -75,6 +75,7 @@ from .callback import OmniLearnCallback
 from .comm import TorchDistComm, hold_past_exit
 from .controller import DEFAULT_DEADBAND
 from .errors import ConfigError
+from .internals import comm_hook_name, ddp_buckets_rebuilt, tensor_version
 from .options import option_values
 from .timing import DEFAULT_SUMMARY
 from .weighting import GradientWeight
@@ -82,19 +83,6 @@ from .weighting import GradientWeight
 __all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
 
 log = logging.getLogger("omnihvd")
-
-
-def comm_hook_name(model) -> Optional[str]:
-    """The name of the communication hook registered on a DDP ``model`` -- a Python
-    one or a built-in one (``_register_builtin_comm_hook``), which DDP records only
-    in its logging data -- or None."""
-    hooks = getattr(model, "_comm_hooks", None)
-    if hooks:
-        return ", ".join(getattr(h, "__name__", repr(h)) for h, _ in hooks)
-    try:
-        return model._get_ddp_logging_data().get("comm_hook") or None
-    except Exception:   # a torch without it: Python hooks were checked above
-        return None
 
 
 class WeightedAllreduceState:
@@ -161,6 +149,8 @@ def weighted_allreduce_hook(state: WeightedAllreduceState, bucket):
 
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
+    if state.weight.on_gradient is not None:
+        state.weight.on_gradient()
     if bucket.index() == 0:
         state.complete_in_flight()  # a backward that failed before its last bucket
     if state.on_last_bucket is not None and bucket.is_last():
@@ -214,6 +204,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         abort_on_exception: an uncaught exception on a rank prints it with the rank
             and ends that process at once (``os._exit``), so ``torchrun`` ends the
             others; default True with several ranks.
+        optimizer: None, or the model's optimizer: its ``step()`` then marks the
+            step's end (what :class:`omnihvd.Balancer` passes).
 
     Raises:
         ConfigError: ``torch.distributed`` is not initialised; or, on every rank,
@@ -232,7 +224,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                  abort_on_exception: Optional[bool] = None, device_sync="auto",
                  cpu_quota="auto", tune_split: bool = False, balance_arrivals: bool = False,
                  release_lag: bool = True, arrival_lead: bool = True,
-                 alike_ranks: bool = True):
+                 alike_ranks: bool = True, optimizer=None):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -241,12 +233,13 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                               "DDPOmniLearnCallback (torchrun sets its environment)")
         self._hook_state: Optional[WeightedAllreduceState] = None
         self._warned_no_bucket = False
-        self._buckets_rebuilt = getattr(model, "_has_rebuilt_buckets", None)
+        self._bucket_seen = False   # a last gradient bucket in the running step
+        self._buckets_rebuilt = ddp_buckets_rebuilt(model)
         self._watched = None   # (parameter, its version at the step's last bucket)
         # A DDP model's group; the default group otherwise, so that the check of the
         # model fails on every rank together.
         comm = TorchDistComm(getattr(model, "process_group", None))
-        self._start(comm, model, None, option_values(locals()),
+        self._start(comm, model, optimizer, option_values(locals()),
                     comm.size > 1 if abort_on_exception is None else abort_on_exception)
 
     # ------------------------------------------- backend seams (OmniLearnCallback's)
@@ -267,8 +260,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
     @staticmethod
     def _refuse_other_comm_hook(model):
         """ConfigError when ``model`` has a communication hook: DDP takes one, for good."""
-        hooks = getattr(model, "_comm_hooks", None)
-        if hooks and any(h is weighted_allreduce_hook for h, _ in hooks):
+        if comm_hook_name(model) == weighted_allreduce_hook.__name__:
             raise ConfigError("this DDP model already carries the hook of an earlier "
                               "DDPOmniLearnCallback, and DDP keeps one communication hook per "
                               "model for good: keep using that callback (on_train_end() then "
@@ -297,12 +289,14 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             self._hook_state = state
         self._hook_state.on_last_bucket = self._on_last_bucket
         self._hook_state.on_released = lambda: self._released(time.perf_counter())
-        return [_HookHandle(self._hook_state)]
+        return [_HookHandle(self._hook_state)] + ([] if self._optimizer is None else
+                                                  self._step_hooks())
 
     def _on_last_bucket(self, device):
         # The wait boundary: the timer's device_sync ("auto": the model's compute
         # streams, never NCCL's) runs here.
-        rebuilt = getattr(self._model, "_has_rebuilt_buckets", None)
+        self._bucket_seen = True
+        rebuilt = ddp_buckets_rebuilt(self._model)
         if rebuilt != self._buckets_rebuilt:
             # DDP rebuilt its buckets in this step's forward (once, in the second
             # iteration), broadcasting their layout: a wait for the peers in the window
@@ -310,7 +304,7 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             self._discard_step_time()
         # a parameter with a gradient, to tell whether opt.step() has run since
         # (checkpoints), as Horovod's optimizer hooks tell the other callback
-        self._watched = next(((p, p._version) for p in self._model.parameters()
+        self._watched = next(((p, tensor_version(p)) for p in self._model.parameters()
                               if p.grad is not None), None)
         self.mark_compute_end()
 
@@ -318,17 +312,18 @@ class DDPOmniLearnCallback(OmniLearnCallback):
         """As :meth:`OmniLearnCallback.state_dict`; whether ``opt.step()`` has run
         since this step's backward is read from a parameter's version counter (the
         callback does not see a DDP loop's optimizer)."""
-        if self._watched is not None and self._watched[0]._version != self._watched[1]:
+        if self._watched is not None and tensor_version(self._watched[0]) != self._watched[1]:
             self._updated = True
         return super().state_dict()
 
     # --------------------------------------------------------------- hooks
     def on_batch_end(self, batch=None, logs=None):
         """Record the step's local time; gather, decide and schedule when due."""
-        if self._timing_open():
-            # No last bucket reached the hook (model.no_sync(), or no backward): the
-            # interval has no boundary, so it is not used.
-            self._discard_step_time()
+        if not self._bucket_seen:
+            # No last bucket reached the hook (model.no_sync(), or no backward): without
+            # opt.step() the interval has no boundary, so it is not used.
+            if self._timing_open():
+                self._discard_step_time()
             if not self._warned_no_bucket:
                 self._warned_no_bucket = True
                 log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "
@@ -337,5 +332,6 @@ class DDPOmniLearnCallback(OmniLearnCallback):
                             "wrong whenever the split changes between them (put one "
                             "on_batch_begin/on_batch_end pair around all the micro-batches of "
                             "an optimizer step instead)", self.rank, self.step)
+        self._bucket_seen = False
         super().on_batch_end(batch, logs)
         self._watched = None

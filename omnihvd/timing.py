@@ -450,6 +450,7 @@ class StepTimer:
         self._extra = 0.0      # work before start() charged to this step (data loading)
         self._excluded = 0.0   # waiting inside the step, left out
         self._excluded_cpu = 0.0   # the CPU seconds that waiting burned, left out too
+        self._paused: Optional[Tuple[float, Optional[float]]] = None   # (wall, CPU) at pause()
         self.host_seconds: Optional[float] = None  # the last step's host-side time
 
     def add(self, seconds: float):
@@ -512,9 +513,37 @@ class StepTimer:
         finally:
             self.exclude(self._clock() - wall, 0.0 if cpu is None else self._cpu_clock() - cpu)
 
+    def pause(self):
+        """The rank's own work in the running step stops here until :meth:`resume`
+        (or the wait boundary): the time between, and its CPU time, is left out
+        (:meth:`exclude`). With ``device_sync`` the device first runs what was
+        queued, so its work stays in. Later calls before ``resume()`` do nothing.
+
+        omnihvd pauses when the model's forward or backward pass ends and resumes
+        when the next one begins (:mod:`omnihvd.segments`): what the loop does
+        between -- a metric's allreduce waiting for the slowest rank -- is no work.
+
+        >>> clock = iter([0.0, 0.2, 0.7, 0.8]).__next__
+        >>> t = StepTimer(clock)
+        >>> t.start(); t.pause(); t.resume(); t.mark_wait(); round(t.stop(), 6)
+        0.3
+        """
+        if self._paused is None and self._begin is not None and self._wait is None:
+            if self.device_sync is not None:
+                self.device_sync()
+            self._paused = (self._clock(), self._cpu_clock() if self._cpu is not None else None)
+
+    def resume(self):
+        """The rank's own work begins again (see :meth:`pause`)."""
+        if self._paused is not None:
+            wall, cpu = self._paused
+            self._paused = None
+            self.exclude(self._clock() - wall, 0.0 if cpu is None else self._cpu_clock() - cpu)
+
     def start(self, at: Optional[float] = None):
         self._begin = self._clock() if at is None else at
         self._wait = None
+        self._paused = None
         self._excluded = self._excluded_cpu = 0.0
         self.host_seconds = None
         self._cpu = self._cpu_clock() if self.cpu_cores else None
@@ -522,6 +551,7 @@ class StepTimer:
 
     def mark_wait(self):
         if self._begin is not None and self._wait is None:
+            self.resume()   # a pause up to here (the loop's own collectives) is no work
             now = self._clock()
             if self._cpu is not None:  # before the device sync, which may spin
                 self._cpu, self._cpu_marked = self._cpu_clock() - self._cpu, True
@@ -530,6 +560,11 @@ class StepTimer:
                 self.device_sync()  # the compute stream only: not the wait for peers
                 now = self._clock()
             self._wait = now
+
+    @property
+    def paused(self) -> bool:
+        """Whether the running step is between :meth:`pause` and :meth:`resume`."""
+        return self._paused is not None
 
     @property
     def running(self) -> bool:
@@ -551,7 +586,8 @@ class StepTimer:
         if self._begin is None:
             return None
         end = self._wait if self._wait is not None else self._clock()
-        seconds = end - self._begin - self._excluded
+        paused = end - self._paused[0] if self._paused is not None else 0.0
+        seconds = end - self._begin - self._excluded - paused
         if self._cpu is not None and self.cpu_cores:
             cpu = self._cpu if self._cpu_marked else self._cpu_clock() - self._cpu
             seconds = max(seconds, (cpu - self._excluded_cpu) / self.cpu_cores)
@@ -560,7 +596,7 @@ class StepTimer:
     def stop(self) -> Optional[float]:
         local = self.local()
         if local is not None:
-            self._begin = self._wait = self._cpu = None
+            self._begin = self._wait = self._cpu = self._paused = None
             self._extra = self._excluded = self._excluded_cpu = 0.0
         return local
 

@@ -35,9 +35,10 @@ import weakref
 from typing import Dict, List, Tuple
 
 from .errors import ConfigError
+from .internals import adasum_optimizer
 
-__all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "clear_synchronized_flag",
-           "register_gradient_weight", "synchronized_flag", "weighted_parameters"]
+__all__ = ["GradientWeight", "LOSS_REDUCTIONS", "allreduce_weight", "register_gradient_weight",
+           "weighted_parameters"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -74,45 +75,15 @@ def allreduce_weight(batch_size: int, batch_sizes, average: bool,
     return float(scale) if reduction == "sum" else scale * batch_size / total
 
 
-def synchronized_flag(optimizer):
-    """Whether Horovod's optimizer has already run ``synchronize()`` in this step.
-
-    Reads Horovod's private ``_synchronized`` attribute (Horovod 0.2x sets it in
-    ``synchronize()`` and clears it in ``step()``). Returns None when the optimizer
-    has no such attribute (another Horovod version): then omnihvd cannot tell that an
-    explicit ``synchronize()`` preceded ``step()``, and a loop that calls it must
-    call ``cb.mark_compute_end()`` first, or its step times include waiting.
-
-    >>> class Opt: _synchronized = True
-    >>> synchronized_flag(Opt()), synchronized_flag(object())
-    (True, None)
-    """
-    flag = getattr(optimizer, "_synchronized", None)
-    return None if flag is None else bool(flag)
-
-
-def clear_synchronized_flag(optimizer):
-    """Clear Horovod's ``_synchronized`` flag at a step's end, as ``step()`` does.
-
-    A step whose ``step()`` never ran (``GradScaler`` skips it when the gradients
-    overflowed) leaves the flag of its ``synchronize()`` set; the next step would
-    read it as its own. Optimizers without the flag are left alone.
-
-    >>> class Opt: _synchronized = True
-    >>> opt = Opt(); clear_synchronized_flag(opt); synchronized_flag(opt)
-    False
-    """
-    if synchronized_flag(optimizer):
-        optimizer._synchronized = False
-
-
 class GradientWeight:
     """The current weight, read by the hooks; a small explicit state object.
 
     ``value`` is set by the callback at the start of each step. ``refuse``: None, or
     a function returning the message of the ConfigError a hook raises instead of
     weighting (the callback sets it between its steps: a backward pass there gets
-    no step's weight).
+    no step's weight). ``on_gradient``: None, or called with no argument by every
+    hook that reads the weight (a backward pass is running: the step timer's
+    cue, :mod:`omnihvd.segments`).
 
     >>> w = GradientWeight(0.5); w(4.0)   # a hook's gradient: a tensor, here a float
     2.0
@@ -124,10 +95,13 @@ class GradientWeight:
     def __init__(self, value: float = 1.0):
         self.value = float(value)
         self.refuse = None
+        self.on_gradient = None
 
     def __call__(self, grad):
         if self.refuse is not None:
             raise ConfigError(self.refuse())
+        if self.on_gradient is not None:
+            self.on_gradient()
         if self.value == 1.0:
             return None  # leave the gradient untouched
         return grad * self.value
@@ -206,8 +180,7 @@ def _optimizer_op(optimizer):
     import horovod.torch as hvd
 
     op = getattr(optimizer, "op", None)
-    step = getattr(type(optimizer), "step", None)
-    if op is None and getattr(step, "__qualname__", "").startswith("_DistributedAdasumOptimizer."):
+    if op is None and adasum_optimizer(optimizer):
         op = hvd.Adasum   # Horovod's Adasum optimizer (2+ ranks) keeps no op attribute
     if op is None or not hasattr(optimizer, "synchronize"):
         raise ConfigError(
