@@ -79,6 +79,9 @@ SCENARIOS = {
 }
 DEFAULT_SCENARIOS = ("2:1:1", "3:1:1:1", "quota-100/60/30", "HL2", "HL4", "HL8", "2:1:1->1:2:1",
                      "quota-100/60/30+cpuset", "HL2+cpuset", "HL4+cpuset", "HL8+cpuset")
+# What the example's rank 0 prints once every rank has started (data loaded, model
+# built): with --place-when-ready the first phase is applied then, not at launch.
+READY_LINE = "training starts"
 EPOCH_LINE = re.compile(r"^epoch (\d+): ([\d.]+) s, test accuracy ([\d.]+), batch sizes "
                         r"\[([\d, ]+)\](?:, overhead ([\d.]+) ms/step)?")
 
@@ -176,16 +179,27 @@ def candidate_splits(phases: List[Phase], B: int, lambdas: Sequence[float],
     """Fixed splits a user who knew the shares would try: equal + lambda*(proportional -
     equal) for each lambda for the last phase, and the proportional split of each
     earlier phase; duplicates and the equal split (= plain) dropped."""
-    n = phases[0].num_ranks
-    equal = apportion([1.0] * n, B)
     wanted = [(phases[-1], lam) for lam in lambdas] + [(p, 1.0) for p in phases[:-1]]
+    return distinct_splits([scaled_split(shares(phase, available), B, lam)
+                            for phase, lam in wanted])
+
+
+def scaled_split(cores: Sequence[float], B: int, lam: float) -> List[int]:
+    """The integer split of ``B`` at equal + lam * (proportional to ``cores`` - equal).
+
+    >>> scaled_split([1.0, 0.5, 0.5], 192, 1.0), scaled_split([1.0, 0.5, 0.5], 192, 1.5)
+    ([96, 48, 48], [112, 40, 40])
+    """
+    equal = apportion([1.0] * len(cores), B)
+    prop = [B * v / sum(cores) for v in cores]
+    return apportion([max(1e-9, e + lam * (p - e)) for e, p in zip(equal, prop)], B)
+
+
+def distinct_splits(splits: Sequence[List[int]]) -> List[List[int]]:
+    """The splits in order, each once, the equal split (= plain Horovod's) left out."""
     out = []
-    for phase, lam in wanted:
-        s = shares(phase, available)
-        prop = [B * v / sum(s) for v in s]
-        target = [max(1e-9, e + lam * (p - e)) for e, p in zip(equal, prop)]
-        split = apportion(target, B)
-        if split not in out and split != equal:
+    for split in splits:
+        if split not in out and split != apportion([1.0] * len(split), sum(split)):
             out.append(split)
     return out
 
@@ -411,6 +425,7 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
         if split is not None:
             cmd += [split_flag, turns_text(split)]
     cmd += ["--epochs", str(epochs), "--global-batch-size", str(args.batch_per_rank * n)]
+    cmd += args.script_args
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     env = dict(os.environ)
@@ -440,8 +455,10 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
     try:
         pids = find_ranks(proc, n, launcher=args.launcher)
         placer = Placer(pids, tag, args.period_us, args.available)
-        placer.apply(phases[0])
-        changes.append({"phase": 0, "t": time.time() - started})
+        placed = not args.place_when_ready
+        if placed:
+            placer.apply(phases[0])
+            changes.append({"phase": 0, "t": time.time() - started})
         starts = phase_starts(len(phases), epochs,
                               len(split) if mode == "alternate" else None)
         next_phase, deadline = 1, started + args.run_timeout
@@ -464,6 +481,13 @@ def run_once(args, phases: List[Phase], mode: str, split: Optional[List[int]], t
             with epoch_seen:
                 epoch_seen.wait(0.05)
                 done = [int(m.group(1)) for m in map(EPOCH_LINE.match, lines) if m]
+                ready = READY_LINE in lines
+            if not placed and (ready or done):
+                placer.apply(phases[0])
+                changes.append({"phase": 0, "t": time.time() - started, "when_ready": ready})
+                placed = True
+                if not ready:
+                    error = "no %r line before the first epoch's (--place-when-ready)" % READY_LINE
             if next_phase < len(phases) and done and max(done) >= starts[next_phase - 1]:
                 placer.apply(phases[next_phase])
                 changes.append({"phase": next_phase, "t": time.time() - started,
@@ -1117,6 +1141,10 @@ def parse_args(argv=None):
                    help="more fixed splits to time, joined by / (141,39,38,38/154,34,34,34): "
                         "beside the lambdas' (--lambdas '' for these alone)")
     p.add_argument("--period-us", type=int, default=10000, help="CFS quota period")
+    p.add_argument("--place-when-ready", action="store_true",
+                   help="start the ranks on every CPU with no quota and apply the first "
+                        "phase when rank 0 prints %r (examples/train_fashion_mnist.py "
+                        "does): their start-up (imports, data) is then not slowed" % READY_LINE)
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the ranks (repeatable)")
     p.add_argument("--thread-nice", type=int, choices=range(20), default=None, metavar="N",
@@ -1129,6 +1157,9 @@ def parse_args(argv=None):
     p.add_argument("--code", default=ROOT,
                    help="omnihvd tree to test (put first on the ranks' PYTHONPATH)")
     p.add_argument("--script", default=SCRIPT)
+    p.add_argument("--script-args", default="", metavar="'OPTIONS'",
+                   help="more options for every launch of the script, e.g. "
+                        "--script-args='--seed 1 --lr 0.02'")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--mpirun", default="mpirun")
     p.add_argument("--launcher", choices=sorted(RANK_VARIABLE), default="mpirun",
@@ -1170,6 +1201,7 @@ def parse_args(argv=None):
     args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] +
                             [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
     args.code = os.path.abspath(args.code)
+    args.script_args = shlex.split(args.script_args)
     args.available = sorted(os.sched_getaffinity(0))
     args.scenarios = [scenario_arg(s) for s in args.scenarios]
     for name, spec in args.scenarios:
@@ -1209,14 +1241,14 @@ def scenario_key(s: dict) -> tuple:
             bool(s.get("no_aslr")))
 
 
-def write(doc: dict, out: str) -> None:
-    """OUT.json (atomically) and OUT.md."""
+def write(doc: dict, out: str, render=markdown) -> None:
+    """OUT.json (atomically) and OUT.md (``render(doc)``)."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".json.tmp", "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(out + ".json.tmp", out + ".json")
     with open(out + ".md", "w") as f:
-        f.write(markdown(doc))
+        f.write(render(doc))
 
 
 def main(argv=None):

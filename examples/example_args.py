@@ -59,6 +59,8 @@ def parse_args(description):
     p.add_argument("--slowdown", type=positive_list(float), default=None,
                    help="per-rank slowdown factors, e.g. 1,1,2,4")
     p.add_argument("--checkpoint", type=writable_path, default=None)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the model's initial weights and the order of the training data")
     args = p.parse_args()
     if args.steps is not None:
         args.limit = args.steps * args.global_batch_size
@@ -72,13 +74,13 @@ def parse_args(description):
     return args
 
 
-def plain_loader(train, global_batch_size, rank, size):
+def plain_loader(train, global_batch_size, rank, size, seed=0):
     """``--mode plain``: equal batches from a DistributedSampler, no omnihvd at all."""
     if global_batch_size % size:
         raise SystemExit("--mode plain splits --global-batch-size %d equally: make it a "
                          "multiple of the %d ranks" % (global_batch_size, size))
     sampler = torch.utils.data.distributed.DistributedSampler(
-        train, num_replicas=size, rank=rank, shuffle=True, seed=0, drop_last=True)
+        train, num_replicas=size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     loader = torch.utils.data.DataLoader(train, batch_size=global_batch_size // size,
                                          sampler=sampler, drop_last=True)
     return sampler, loader

@@ -24,7 +24,8 @@ goes on each rank (benchmarks/step_anatomy.py summarises it).
 --checkpoint PATH saves the model, optimizer, callback and sampler state after
 every epoch and resumes from it when it exists.
 
-Rank 0 prints one line per epoch (benchmarks/realhet.py reads it):
+Rank 0 prints ``training starts`` once every rank has loaded the data and built the
+model, then one line per epoch (benchmarks/realhet.py reads both):
 ``epoch E: T s, test accuracy A, batch sizes [b_0, ...], ...`` where T is the
 training time of the epoch (evaluation excluded) and the sizes are those in force
 at its end.
@@ -49,7 +50,7 @@ def main():
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO if hvd.rank() == 0 else logging.WARNING,
                         format="%(message)s")
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     # one GPU per rank where there are GPUs, as in Horovod's examples
     device = torch.device("cpu")
     if torch.cuda.is_available():
@@ -64,12 +65,13 @@ def main():
 
     cb = None
     if args.mode == "plain":
-        sampler, loader = plain_loader(train, args.global_batch_size, hvd.rank(), hvd.size())
+        sampler, loader = plain_loader(train, args.global_batch_size, hvd.rank(), hvd.size(),
+                                       seed=args.seed)
     else:
         options = callback_options(args)
         cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,  # omnihvd
                                        **options)
-        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                  # omnihvd
+        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=args.seed)           # omnihvd
         loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
 
     # Horovod's optimizer holds the state; omnihvd's callback and sampler hold theirs.
@@ -77,6 +79,8 @@ def main():
     factor = slowdown(args, hvd.rank())
     anatomy = StepAnatomy(args, hvd.rank())  # off unless OMNIHVD_EXAMPLE_ANATOMY is set
 
+    if hvd.rank() == 0:   # every rank is here (the broadcast): benchmarks/realhet.py reads it
+        print("training starts", flush=True)
     if cb is not None:
         cb.on_train_begin()                                                              # omnihvd
     for epoch in range(start_epoch, args.epochs):

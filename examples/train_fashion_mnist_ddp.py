@@ -57,7 +57,7 @@ def main():
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(message)s")
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     train = fashion_mnist("train", limit=args.limit)
     test = fashion_mnist("test", limit=2000)
     net = SmallCNN().to(device)
@@ -67,12 +67,13 @@ def main():
 
     cb = None
     if args.mode == "plain":
-        sampler, loader = plain_loader(train, args.global_batch_size, rank, size)
+        sampler, loader = plain_loader(train, args.global_batch_size, rank, size,
+                                       seed=args.seed)
     else:
         options = callback_options(args)
         cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=args.global_batch_size,  # omnihvd
                                           **options)
-        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=0)                 # omnihvd
+        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=args.seed)         # omnihvd
         loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
 
     start_epoch = resume(args.checkpoint, model.module, opt, cb, sampler, map_location=device)
