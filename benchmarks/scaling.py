@@ -141,7 +141,7 @@ def gathered_decisions(n, placement, rounds=12, seed=0, steps=20):
                         error=float(local[:, i].std() / np.sqrt(steps)),
                         releases=released[:, i], arrived_at=began[:, 0] + local[:, i]),
             sizes, i, lookahead=0, cap=B, host=1000.0 + machine[i], cpus=cpus[i],
-            kind=kinds[i]) for i in range(n)])
+            kind=kinds[i], steps=steps) for i in range(n)])   # a window's steps, as sent
         step += steps
         start = time.thread_time()
         decision = cadence.decide_gathered(step, read_gathered(matrix, step),

@@ -44,7 +44,6 @@ Pure numpy and deterministic: the same tables give the same groups on every rank
 >>> groups.groups()   # rank 3 is slower than its kind says
 [[1, 2]]
 """
-import math
 import zlib
 from typing import List, Optional, Sequence
 
@@ -147,6 +146,7 @@ class AlikeGroups:
     def __init__(self):
         self._kinds: Optional[np.ndarray] = None
         self._apart = set()    # ranks measured unlike their kind
+        self._groups = None    # groups() of these kinds and _apart (None: not found yet)
         # each rank's last WINDOWS deviations from its group, newest in the last row
         # (NaN: none), one column per rank
         self._deviations: Optional[np.ndarray] = None
@@ -156,19 +156,26 @@ class AlikeGroups:
         any rank's resources forgets what was measured of them."""
         k = None if kinds is None else np.asarray(kinds, dtype=np.float64)
         if k is None or self._kinds is None or not np.array_equal(k, self._kinds, equal_nan=True):
-            self._apart = set()
+            self._apart, self._groups = set(), None
             self._deviations = None if k is None else np.full((WINDOWS, k.size), np.nan)
         self._kinds = k
 
     def groups(self) -> List[List[int]]:
         """The groups of two or more alike ranks, lowest rank first."""
+        if self._groups is None:
+            self._groups = self._find_groups()
+        return [list(g) for g in self._groups]
+
+    def _find_groups(self) -> List[List[int]]:
         if self._kinds is None:
             return []
-        found = {}
-        for rank, kind in enumerate(self._kinds.tolist()):
-            if rank not in self._apart and not math.isnan(kind):
-                found.setdefault(kind, []).append(rank)
-        return sorted((g for g in found.values() if len(g) > 1), key=lambda g: g[0])
+        ranks = np.flatnonzero(~np.isnan(self._kinds))
+        ranks = ranks[~np.isin(ranks, list(self._apart))]
+        ranks = ranks[np.argsort(self._kinds[ranks], kind="stable")]   # by kind, then rank
+        kinds = self._kinds[ranks]
+        starts = np.flatnonzero(np.r_[True, kinds[1:] != kinds[:-1], True])
+        found = [ranks[i:j].tolist() for i, j in zip(starts[:-1], starts[1:]) if j - i > 1]
+        return sorted(found, key=lambda g: g[0])
 
     def confirm(self, sizes, times, significance: float = 3.0) -> List[int]:
         """Let the members whose times differ from their group's leave it; returns them.
@@ -231,6 +238,8 @@ class AlikeGroups:
                                & (np.abs(mean) > significance * error))
         left = members[leave].tolist()
         self._apart.update(left)   # a member left alone is no group either
+        if left:
+            self._groups = None
         return left
 
     def state_dict(self) -> dict:
@@ -268,7 +277,7 @@ class AlikeGroups:
         for r, d in deviations.items():
             if d:
                 table[WINDOWS - len(d):, r] = d
-        self._kinds, self._apart = kinds, apart
+        self._kinds, self._apart, self._groups = kinds, apart, None
         self._deviations = None if kinds is None else table
 
     def equal_shares(self, sizes) -> np.ndarray:

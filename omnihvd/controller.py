@@ -117,8 +117,8 @@ def _as_int_vector(name, values, n=None):
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise ConfigError("%s must hold whole numbers, got %r" % (name, list(values)))
-    elif arr.dtype.kind not in "iu" or (isinstance(values, (list, tuple)) and any(
-            isinstance(v, (bool, np.bool_)) for v in values)):  # [16, True] is int64 to numpy
+    elif arr.dtype.kind not in "iu" or (isinstance(values, (list, tuple)) and not {
+            bool, np.bool_}.isdisjoint(map(type, values))):  # [16, True] is int64 to numpy
         raise ConfigError("%s must hold integers, got %r" % (name, values))
     if np.any(np.abs(arr) > MAX_COUNT):
         raise ConfigError("%s must hold integers up to 2**53, got %r" % (name, list(values)))
@@ -652,6 +652,20 @@ def solve_time_model(model: TimeModel, global_batch_size, *, min_batch_size=1,
     return _round_to_total(values, int(global_batch_size), lo, hi)
 
 
+def _column_medians(values) -> np.ndarray:
+    """Each column's median of its finite values (every column holds one), as
+    ``np.nanmedian(values, axis=0)`` gives it, at a fraction of its cost on
+    thousands of columns.
+
+    >>> _column_medians(np.array([[3.0, 1.0], [1.0, np.nan], [2.0, 4.0]])).tolist()
+    [2.0, 2.5]
+    """
+    ordered = np.sort(values, axis=0)   # NaN last
+    count = np.isfinite(values).sum(axis=0)
+    column = np.arange(values.shape[1])
+    return (ordered[(count - 1) // 2, column] + ordered[count // 2, column]) / 2.0
+
+
 # ------------------------------------------------------------ the controller
 
 
@@ -929,8 +943,7 @@ class Controller:
             # every rank's together is the floor, so one lucky run of rounds does not
             # make a rank look quiet enough to act on a single round of it.
             own = seen.sum(axis=0) >= 3
-            noise[own] = np.maximum(noise[own],
-                                    scale * np.nanmedian(deviation[:, own], axis=0))
+            noise[own] = np.maximum(noise[own], scale * _column_medians(deviation[:, own]))
         return noise
 
     def decide(self, batch_sizes, times, errors=None, *, tilt: float = 0.0,

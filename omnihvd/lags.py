@@ -150,49 +150,60 @@ def release_lags(releases, hosts, cpusets, arrived=None) -> np.ndarray:
         a = None
     h = np.asarray(hosts, dtype=np.float64)
     c = np.asarray(cpusets, dtype=np.float64)
-    lags = np.full(r.shape, np.nan)
+    lags = np.full(r.shape[::-1], np.nan)   # (ranks, steps): rows gather fast
     if r.ndim != 2 or r.shape[1] != h.size or c.shape != h.shape:
-        return lags
+        return lags.T
     known = np.flatnonzero(np.isfinite(h) & np.isfinite(c))   # ranks with no machine: no lag
     if known.size == 0:
-        return lags
+        return lags.T
     # One pass over all ranks (a loop over the groups, each masking all ranks, made the
-    # decision quadratic: 0.65 s at 4096 ranks): columns sorted by group, a group being
-    # the ranks of one machine on the same CPUs; reduceat works on each group's columns.
-    keys, group = np.unique(np.stack([h[known], c[known]], axis=1), axis=0,
-                            return_inverse=True)   # keys sorted by machine, then CPUs
-    group = group.ravel()
-    columns = known[np.argsort(group, kind="stable")]
-    runs = np.searchsorted(np.sort(group), np.arange(len(keys)))   # each group's first column
-    host_of_group = np.unique(keys[:, 0], return_inverse=True)[1].ravel()
-    host_runs = np.searchsorted(host_of_group, np.arange(host_of_group[-1] + 1))
-    seen = np.isfinite(r[:, columns])
-    # each group's first release per step, then the first of the *other* groups of its
-    # machine: the machine's first, or its second for the one group that was first alone
-    first_of_group = np.minimum.reduceat(np.where(seen, r[:, columns], np.inf), runs, axis=1)
-    best = np.minimum.reduceat(first_of_group, host_runs, axis=1)[:, host_of_group]
-    is_best = first_of_group == best
-    ties = np.add.reduceat(is_best, host_runs, axis=1)[:, host_of_group]
-    second = np.minimum.reduceat(np.where(is_best, np.inf, first_of_group), host_runs,
-                                 axis=1)[:, host_of_group]
-    first = np.where(is_best & (ties == 1), second, best)
-    first[~np.isfinite(first)] = np.nan    # no other CPUs' release this step
-    in_group = np.repeat(np.arange(len(keys)), np.diff(np.append(runs, columns.size)))
-    start = first[:, in_group]
-    if a is not None:   # not before its own arrival (where known)
-        own = a[:, columns]
-        start = np.where(np.isfinite(own), np.maximum(start, own), start)
+    # decision quadratic: 0.65 s at 4096 ranks): the ranks sorted by machine, then
+    # CPUs, so that a group (the ranks of one machine on the same CPUs) is a run of
+    # them and a machine a run of groups.
+    columns = known[np.lexsort((c[known], h[known]))]
+    new_host = np.r_[True, h[columns][1:] != h[columns][:-1]]
+    new_group = new_host | np.r_[True, c[columns][1:] != c[columns][:-1]]
+    group = np.cumsum(new_group) - 1                        # each rank's group
+    host_of_group = np.cumsum(new_host[new_group]) - 1      # each group's machine
+    x = r.T[columns]
+    seen = np.isfinite(x)
     with np.errstate(invalid="ignore"):
-        behind = np.maximum(r[:, columns] - start, 0.0)
+        # each group's first release per step, then the first of the *other* groups of
+        # its machine: the machine's first, or its second for the one group first alone
+        first_of_group = _per_key(np.minimum, group, np.where(seen, x, np.inf), np.inf)
+        best = _per_key(np.minimum, host_of_group, first_of_group, np.inf)[host_of_group]
+        is_best = first_of_group == best
+        ties = _per_key(np.add, host_of_group, is_best, 0.0)[host_of_group]
+        second = _per_key(np.minimum, host_of_group, np.where(is_best, np.inf, first_of_group),
+                          np.inf)[host_of_group]
+        first = np.where(is_best & (ties == 1), second, best)
+        first[~np.isfinite(first)] = np.nan    # no other CPUs' release this step
+        start = first[group]
+        if a is not None:   # not before its own arrival (where known)
+            own = a.T[columns]
+            start = np.where(np.isfinite(own), np.maximum(start, own), start)
+        behind = np.maximum(x - start, 0.0)
         counted = np.isfinite(behind)
-        total = np.add.reduceat(np.where(counted, behind, 0.0), runs, axis=1)
-        count = np.add.reduceat(counted, runs, axis=1)
+        total = _per_key(np.add, group, np.where(counted, behind, 0.0), 0.0)
+        count = _per_key(np.add, group, counted, 0.0)
         mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-        alone = (np.bincount(host_of_group) == 1)[host_of_group]   # no other CPUs beside it
-        mean[:, alone] = 0.0
-        lags[:, columns] = np.where(seen, mean[:, in_group], np.nan)
+        mean[np.bincount(host_of_group)[host_of_group] == 1] = 0.0   # no other CPUs beside it
+        lags[columns] = np.where(seen, mean[group], np.nan)
         lags[~(np.isfinite(lags) & (lags <= MAX_LAG))] = np.nan
-    return lags
+    return lags.T
+
+
+def _per_key(ufunc, keys, values, initial) -> np.ndarray:
+    """``ufunc`` over the rows of ``values`` of each key, column by column:
+    ``(keys[-1] + 1, columns)`` (``keys`` non-decreasing from 0), ``initial`` where
+    a key has no row. One flat ``ufunc.at``: ``reduceat`` costs as much per run as
+    per value, and most runs are a rank or a few."""
+    width = values.shape[1]
+    out = np.full((int(keys[-1]) + 1) * width, initial)
+    # as float64 (ufunc.at takes a slow path for other types, 20x slower for bools)
+    ufunc.at(out, (keys[:, None] * width + np.arange(width)).ravel(),
+             np.asarray(values, dtype=np.float64).ravel())
+    return out.reshape(-1, width)
 
 
 class LagPool:
@@ -213,19 +224,19 @@ class LagPool:
         self.forget()
 
     def forget(self):
-        self._lags = np.empty((0, self.num_ranks))
+        self._lags = np.empty((self.num_ranks, 0))   # each rank's lags, oldest first
         self._charges = np.zeros(self.num_ranks)
 
     def add(self, lags):
         """Add one window's ``(steps, ranks)`` lags (:func:`release_lags`; NaN: none)."""
         lags = np.asarray(lags, dtype=np.float64)
         if lags.ndim == 2 and lags.shape[1] == self.num_ranks:
-            self._lags = np.concatenate([self._lags, lags])[-self.samples:]
+            self._lags = np.concatenate([self._lags, lags.T], axis=1)[:, -self.samples:]
             self._charges = self._mean_lags()
 
     def counts(self) -> np.ndarray:
         """How many lags each rank holds."""
-        return np.isfinite(self._lags).sum(axis=0)
+        return np.isfinite(self._lags).sum(axis=1)
 
     def charges(self) -> np.ndarray:
         """Seconds to add to each rank's local time: the mean of its pooled lags, the
@@ -237,7 +248,7 @@ class LagPool:
         counts = self.counts()
         if not self._lags.size:
             return np.zeros(self.num_ranks)
-        clipped, _ = _clip_rare(self._lags, axis=0)
+        clipped, _ = _clip_rare(self._lags, axis=1)   # each rank's lags in a row: sorts fast
         with np.errstate(invalid="ignore"):
-            total = np.nansum(clipped, axis=0)
+            total = np.nansum(clipped, axis=1)
         return np.where(counts >= MIN_LAGS, total / np.maximum(counts, 1), 0.0)

@@ -2,11 +2,13 @@
 
 Once per ``adjust_every`` window every rank sends one row of :data:`PAYLOAD_FIELDS`
 float64 (104 bytes), and every rank receives the same ``(ranks, PAYLOAD_FIELDS)``
-matrix. Per-step blocks of :data:`~omnihvd.arrivals.ARRIVAL_STEPS` more follow, in
+matrix. Per-step blocks follow, one value per step of the window (``steps`` of
+:func:`payload_row`: ``min(ARRIVAL_STEPS, adjust_every)`` holds a whole window), in
 the order of :data:`STEP_BLOCKS`, each when it is kept (the same on every rank): the
 steps' local times with ``balance_arrivals=True``, their release times with
 ``release_lag=True`` and their arrival moments with ``arrival_lead=True`` or
-``release_lag=True`` (the defaults: 616 bytes in all):
+``release_lag=True`` (the defaults: 424 bytes in all with ``adjust_every=20``, 616
+at :data:`~omnihvd.arrivals.ARRIVAL_STEPS` steps):
 
 ====  =========  ==========================================================
 col   name       meaning
@@ -74,7 +76,8 @@ def digest(sizes: Sequence[int], agreed: Sequence = ()) -> float:
 
 def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
                 cap: int, host: float = 0.0, cpus: float = 0.0,
-                kind: float = float("nan"), agreed: Sequence = ()) -> List[float]:
+                kind: float = float("nan"), agreed: Sequence = (),
+                steps: int = ARRIVAL_STEPS) -> List[float]:
     """This rank's row of the gather.
 
     Args:
@@ -88,10 +91,13 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         kind: its resources (:func:`omnihvd.alike.kind_key`; NaN: not compared).
         agreed: what else every rank must hold alike (its training sampler's settings
             and place), folded into the sizes' digest.
+        steps: the values of each per-step block, the window's last ones (NaN-padded;
+            the same on every rank): ``min(ARRIVAL_STEPS, adjust_every)`` holds a
+            whole window.
 
     Returns:
-        list of :data:`PAYLOAD_FIELDS` floats in column order, then ARRIVAL_STEPS
-        more for each of :data:`STEP_BLOCKS` that ``measured`` holds (not None).
+        list of :data:`PAYLOAD_FIELDS` floats in column order, then ``steps`` more
+        for each of :data:`STEP_BLOCKS` that ``measured`` holds (not None).
     """
     row = [0.0] * PAYLOAD_FIELDS
     row[TIME], row[COUNT], row[ERROR] = measured.time, measured.count, measured.error
@@ -103,8 +109,8 @@ def payload_row(measured, sizes: Sequence[int], rank: int, lookahead: int,
         values = getattr(measured, name)
         if values is not None:
             row[BLOCKS] += 2 ** k
-            steps = np.ravel(values)[-ARRIVAL_STEPS:]
-            row += [float(v) for v in steps] + [float("nan")] * (ARRIVAL_STEPS - len(steps))
+            last = np.ravel(values)[-steps:]
+            row += [float(v) for v in last] + [float("nan")] * (steps - len(last))
     return row
 
 
@@ -135,7 +141,7 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
             current batch sizes or their training samplers (diverged state, e.g.
             different checkpoints loaded).
     """
-    if len(set(matrix[:, DIGEST].tolist())) != 1:
+    if np.any(matrix[:, DIGEST] != matrix[0, DIGEST]):
         raise RankMismatchError(
             "ranks disagree on the current batch sizes at step %d, or on their training "
             "sampler (dataset length, seed, shuffle, drop_last, epoch, position in it): "
@@ -144,20 +150,19 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
             "on_train_begin()? Iterating the training loader again mid-epoch on some rank "
             "(next(iter(loader)) to look at a batch) starts a new pass of it there: look "
             "at batches through another loader" % step)
-    blocks, column = int(matrix[0, BLOCKS]), PAYLOAD_FIELDS
-    per_step = {}
-    for k, name in enumerate(STEP_BLOCKS):
-        if blocks & 2 ** k:
-            per_step[name] = matrix[:, column:column + ARRIVAL_STEPS].T
-            column += ARRIVAL_STEPS
+    blocks = int(matrix[0, BLOCKS])
+    names = [name for k, name in enumerate(STEP_BLOCKS) if blocks & 2 ** k]
+    steps = (matrix.shape[1] - PAYLOAD_FIELDS) // max(len(names), 1)
+    per_step = {name: matrix[:, PAYLOAD_FIELDS + k * steps:PAYLOAD_FIELDS + (k + 1) * steps].T
+                for k, name in enumerate(names)}
     # the steps no rank has a value of, in any block, left out (of every block alike:
     # row j stays the same step in each); a block without any value is None
-    seen = np.zeros(ARRIVAL_STEPS, dtype=bool)
+    seen = np.zeros(steps, dtype=bool)
     for steps in per_step.values():
         seen |= np.isfinite(steps).any(axis=1)
     per_step = {name: steps[seen] if np.isfinite(steps).any() else None
                 for name, steps in per_step.items()}
-    return Gathered(sizes=[int(b) for b in matrix[:, SIZE]], times=matrix[:, TIME],
+    return Gathered(sizes=matrix[:, SIZE].astype(np.int64).tolist(), times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],
                     caps=matrix[:, CAP].astype(np.int64), lookahead=int(matrix[:, AHEAD].max()),
                     periods=matrix[:, PERIOD], period_errors=matrix[:, PERIOD_ERR],

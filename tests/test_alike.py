@@ -246,3 +246,26 @@ def test_a_group_of_thousands_lets_go_only_its_slow_member():
     times[n - 1] = 0.05 * (1 + 0.5 * OBVIOUS)     # the pair: within twice OBVIOUS
     assert groups.confirm([32] * n, times) == [1234]
     assert [len(g) for g in groups.groups()] == [n - 3, 2]
+
+
+def test_the_groups_are_the_ranks_of_one_kind_not_let_go():
+    # found in one pass over thousands of ranks and kept until the kinds or the
+    # members let go change: the rule, rank by rank
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        kinds = rng.integers(0, 6, n).astype(float)
+        kinds[rng.random(n) < 0.1] = np.nan
+        groups = AlikeGroups()
+        groups.update(kinds)
+        for _ in range(2):
+            found = {}
+            for rank, kind in enumerate(kinds.tolist()):
+                if rank not in groups._apart and kind == kind:
+                    found.setdefault(kind, []).append(rank)
+            assert groups.groups() == sorted((g for g in found.values() if len(g) > 1),
+                                             key=lambda g: g[0])
+            sizes = rng.integers(20, 40, n)
+            times = sizes * rng.choice([0.001, 0.003], n)   # some members far off
+            for _ in range(3):
+                groups.confirm(sizes, times)

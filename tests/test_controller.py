@@ -848,3 +848,14 @@ def test_the_noise_of_each_rank_is_its_own_median_of_every_round():
     want = [max(floor, scale * np.median(column[np.isfinite(column)])) for column in deviation.T]
     assert ctl.pooled()[2].tolist() == want
     assert want[3] > floor == want[0]   # the noisy rank its own, a quiet one the floor
+
+
+def test_the_column_medians_are_numpys():
+    from omnihvd.controller import _column_medians
+    rng = np.random.default_rng(2)
+    for _ in range(500):
+        values = rng.choice([0.1, 0.2, 0.3], (int(rng.integers(1, 9)), 7)) * rng.random()
+        values[rng.random(values.shape) < 0.3] = np.nan
+        values = values[:, np.isfinite(values).any(axis=0)]
+        if values.size:
+            assert _column_medians(values).tolist() == np.nanmedian(values, axis=0).tolist()

@@ -247,3 +247,28 @@ def test_the_cadence_keeps_arrival_moments_for_the_release_lags_without_the_lead
                hosts=[1.0, 1.0], cpusets=[1.0, 2.0], arrived_at=arrived)
     assert cad.controller.lag_charges().round(4).tolist() == [0.0, 0.0005]
     assert cad.controller.arrival_lead() == 0.0   # arrived_at=False: no lead
+
+
+def test_the_pool_charges_each_rank_its_own_winsorised_mean():
+    # the pool holds each rank's lags in a row (sorted row by row): every rank must
+    # get the rule applied to its own column of the windows added, the last
+    # LAG_SAMPLES steps of them
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        n = int(rng.integers(1, 30))
+        pool, added = LagPool(n), np.empty((0, n))
+        for _ in range(int(rng.integers(1, 7))):
+            lags = rng.exponential(0.003, (int(rng.integers(0, 33)), n))
+            lags[rng.random(lags.shape) < 0.2] = NAN
+            pool.add(lags)
+            added = np.concatenate([added, lags])[-LAG_SAMPLES:]
+        want = []
+        for column in added.T:
+            kept = np.sort(column[np.isfinite(column)])
+            if kept.size < MIN_LAGS:
+                want.append(0.0)
+                continue
+            k = math.ceil(0.1 * kept.size)
+            want.append(float(np.mean(np.minimum(kept, kept[kept.size - 1 - k]))))
+        np.testing.assert_allclose(pool.charges(), want, rtol=1e-12, atol=0)
+        assert pool.counts().tolist() == np.isfinite(added).sum(axis=0).tolist()

@@ -103,3 +103,23 @@ def test_the_digest_is_exact_in_float64_and_tells_splits_apart():
     assert len(set(values)) == len(splits)
     assert all(v == int(v) and 0 <= v < 2 ** 32 for v in values)  # crc32: exact as a float
     assert digest(np.array([16, 16])) == digest([16, 16])
+
+
+def test_the_per_step_blocks_hold_a_windows_steps():
+    # rows of 20 steps a block read as rows of ARRIVAL_STEPS do: the same tables
+    rng = np.random.default_rng(0)
+    releases = 100.0 + rng.random((20, 3))
+    releases[:, 1] = np.nan
+    rows = {steps: np.array([payload_row(
+        Measurement(time=0.2, error=0.01, count=4, releases=releases[:, r],
+                    arrived_at=releases[:, r] - 0.01), [30, 30, 30], r, lookahead=0, cap=90,
+        steps=steps) for r in range(3)]) for steps in (20, ARRIVAL_STEPS)}
+    assert rows[20].shape == (3, PAYLOAD_FIELDS + 2 * 20)
+    short, full = (read_gathered(rows[s], step=20) for s in (20, ARRIVAL_STEPS))
+    for name in ("releases", "arrived_at"):
+        np.testing.assert_array_equal(getattr(short, name), getattr(full, name))
+    assert short.releases.shape == (20, 3)
+    # a longer series sends its last steps
+    row = payload_row(Measurement(time=0.2, error=0.0, count=4, releases=np.arange(30.0) + 1),
+                      [30], 0, lookahead=0, cap=30, steps=20)
+    assert row[PAYLOAD_FIELDS:] == list(np.arange(10.0, 30.0) + 1)
