@@ -19,7 +19,8 @@ epoch's training time (evaluation excluded) and its test accuracy, and the time 
 ``--target`` is the training time until the accuracy first reaches it, linear between
 evaluations (``time_to_target``). Seeds set the initial weights and the data order
 (the example's ``--seed``); within a seed the modes run back to back, their order
-rotated by one place per seed (realhet.run_order). A level is ``NAME=SPEC`` in
+rotated by one place per seed (realhet.run_order); the seeds go round the levels
+(every search first). A level is ``NAME=SPEC`` in
 realhet's syntax; its phases after the first begin every ``--epochs-per-phase``
 epochs (``phase_schedule``)::
 
@@ -244,41 +245,46 @@ def summarize(runs: List[dict], target: float) -> dict:
     return out
 
 
-def run_level(hargs, args, name, spec, doc, save) -> dict:
+def prepare_level(hargs, args, name, spec) -> dict:
+    """A level's record: its phases' shares and its fixed split (searched or given)."""
     phases = realhet.parse_spec(spec, hargs.available)
     n = phases[0].num_ranks
     B = args.batch_per_rank * n
-    level = {"level": name, "spec": spec, "ranks": n, "global_batch": B,
-             "shares": [realhet.shares(p, hargs.available) for p in phases],
-             "epochs_per_phase": args.epochs_per_phase, "runs": []}
-    doc["levels"] = [lv for lv in doc["levels"] if lv["level"] != name] + [level]
     print("level %s (%s): %d ranks, global batch %d" % (name, spec, n, B), flush=True)
     if args.fixed_split is not None:
-        level["fixed"] = {"best": args.fixed_split, "tried": [], "given": True}
+        fixed = {"best": args.fixed_split, "tried": [], "given": True}
     else:
-        level["fixed"] = search_fixed(hargs, args, name, phases, B)
-    schedule = phase_schedule(phases, args.epochs_per_phase)
+        fixed = search_fixed(hargs, args, name, phases, B)
+    return {"level": name, "spec": spec, "ranks": n, "global_batch": B,
+            "shares": [realhet.shares(p, hargs.available) for p in phases],
+            "epochs_per_phase": args.epochs_per_phase, "fixed": fixed, "runs": []}
+
+
+def run_seed(hargs, args, level, i, save) -> None:
+    """One launch per mode of seed ``args.seeds[i]`` at ``level``, the order rotated
+    by ``i``."""
+    seed = args.seeds[i]
+    schedule = phase_schedule(realhet.parse_spec(level["spec"], hargs.available),
+                              args.epochs_per_phase)
     modes = [(m, level["fixed"]["best"] if m == "fixed" else None) for m in args.modes]
-    for i, seed in enumerate(args.seeds):
-        for position, k in enumerate(realhet.run_order(len(modes), i)):
-            mode, split = modes[k]
-            rec = launch(hargs, schedule, mode, split, seed, "%d-%d" % (seed, k),
-                         args.epochs, args.steps)
-            rec["position"] = position
-            if not rec.get("error"):
-                seconds = [e["seconds"] for e in rec["epochs"]]
-                accs = [e["accuracy"] for e in rec["epochs"]]
-                rec["time_to_target_s"] = time_to_target(seconds, accs, args.target)
-            level["runs"].append(rec)
-            print("  %-18s seed %d %-8s %s" % (
-                name, seed, mode, realhet.failure(rec) if rec.get("error") else
-                "to %.2f: %s, accuracy %s, %.1f s trained, sizes %s" % (
-                    args.target, _s(rec["time_to_target_s"]),
-                    " ".join("%.3f" % e["accuracy"] for e in rec["epochs"]),
-                    sum(e["seconds"] for e in rec["epochs"]), rec["final_sizes"])), flush=True)
-            level["summary"] = summarize(level["runs"], args.target)
-            save()
-    return level
+    for position, k in enumerate(realhet.run_order(len(modes), i)):
+        mode, split = modes[k]
+        rec = launch(hargs, schedule, mode, split, seed, "%d-%d" % (seed, k),
+                     args.epochs, args.steps)
+        rec["position"] = position
+        if not rec.get("error"):
+            seconds = [e["seconds"] for e in rec["epochs"]]
+            accs = [e["accuracy"] for e in rec["epochs"]]
+            rec["time_to_target_s"] = time_to_target(seconds, accs, args.target)
+        level["runs"].append(rec)
+        print("  %-18s seed %d %-8s %s" % (
+            level["level"], seed, mode, realhet.failure(rec) if rec.get("error") else
+            "to %.2f: %s, accuracy %s, %.1f s trained, sizes %s" % (
+                args.target, _s(rec["time_to_target_s"]),
+                " ".join("%.3f" % e["accuracy"] for e in rec["epochs"]),
+                sum(e["seconds"] for e in rec["epochs"]), rec["final_sizes"])), flush=True)
+        level["summary"] = summarize(level["runs"], args.target)
+        save()
 
 
 # ------------------------------------------------------------------ output
@@ -472,11 +478,17 @@ def main(argv=None):
                                 "load_average": os.getloadavg()}})
         write(doc, args.out, args.plot)
 
-    for name, spec in args.levels:
-        level = run_level(hargs, args, name, spec, doc, save)
+    # every search first, then seed by seed through the levels: a run cut short has
+    # every level at its first seeds
+    doc["levels"] = [prepare_level(hargs, args, name, spec) for name, spec in args.levels]
+    for i in range(len(args.seeds)):
+        for level in doc["levels"]:
+            run_seed(hargs, args, level, i, save)
+    for level in doc["levels"]:
         summ = level.get("summary", {})
-        print("  -> " + "; ".join("%s %s" % (m, _range(summ[m]["time_to_target_s"]))
-                                  for m in MODES if m in summ), flush=True)
+        print("%s: %s" % (level["level"], "; ".join(
+            "%s %s" % (m, _range(summ[m]["time_to_target_s"])) for m in MODES if m in summ)),
+            flush=True)
     save()
     print("results: %s.json, %s.md%s" % (args.out, args.out,
                                          ", " + args.plot if args.plot else ""))

@@ -2,6 +2,7 @@
 spread, the phase schedule and the fixed splits searched. The launches themselves are
 realhet's (test_realhet_mpi.py)."""
 import doctest
+import json
 import os
 import sys
 
@@ -98,3 +99,35 @@ def test_the_launches_carry_the_seed_and_the_script_options():
     assert tta.realhet.parse_args(["--script-args=--seed 1"]).script_args == ["--seed", "1"]
     with pytest.raises(SystemExit):   # the change needs an epoch after its epoch of HL2
         tta.parse_args(["--epochs", "1"])
+
+
+def test_main_goes_round_the_levels_seed_by_seed(tmp_path, monkeypatch):
+    # every launch faked: the searches first, then each seed at each level, modes rotated
+    launched = []
+
+    def fake_run(hargs, phases, mode, split, tag):
+        launched.append((len(phases), mode, split, list(hargs.script_args)))
+        fast = {"plain": 2.0, "omnihvd": 1.0, "fixed": 1.5}[mode]
+        epochs = [{"epoch": e, "seconds": fast, "accuracy": 0.8 + 0.05 * e, "sizes": [1]}
+                  for e in range(hargs.epochs)]
+        return {"mode": mode, "split": split, "error": None, "epochs": epochs,
+                "final_sizes": [1], "changes": [], "wall_s": 1.0}
+
+    monkeypatch.setattr(tta.realhet, "run_once", fake_run)
+    monkeypatch.setattr(tta.realhet.cpulimits, "remove_stale_groups", lambda *a: [])
+    monkeypatch.setattr(tta.realhet, "find_cpu_controller", lambda: None)
+    out = str(tmp_path / "r")
+    assert tta.main(["--seeds", "5,6", "--out", out, "--plot", "", "--lambdas", "1,1.5"]) == 0
+    # the searches: 2 splits at HL4 (warm-up + HL4), 4 at the change (warm-up, HL2, HL8)
+    assert [l[:2] for l in launched[:6]] == [(2, "fixed")] * 2 + [(3, "fixed")] * 4
+    seeds = [l[3][1] for l in launched[6:]]
+    assert seeds == ["5"] * 6 + ["6"] * 6, launched   # seed 5 at both levels, then seed 6
+    assert [l[1] for l in launched[6:9]] == ["plain", "omnihvd", "fixed"]
+    assert [l[1] for l in launched[12:15]] == ["omnihvd", "fixed", "plain"]   # rotated
+    doc = json.load(open(out + ".json"))
+    for level in doc["levels"]:
+        assert len(level["runs"]) == 6 and level["summary"]["omnihvd_below_plain"]
+        ttt = level["summary"]["omnihvd"]["time_to_target_s"]
+        assert ttt["median"] == pytest.approx(2.0) and ttt["reached"] == 2   # 2 epochs of 1 s
+    table = open(out + ".md").read()
+    assert "| HL4+cpuset | `pin=0,0,0,1 quota=HL4` | plain | equal | 4.0 (4.0-4.0) | 2/2 |" in table
