@@ -7,7 +7,8 @@
 #   4. gpu_ddp_balance.py: rank 0 on the CPU, rank 1 alone on the GPU with device work
 #      the host does not see; omnihvd moves samples away from it with device sync, not
 #      with host time, and the step gets shorter;
-#   5. the single-process tests of the timing and DDP code on the GPU's torch.
+#   5. balancer_loop.py: the drop-in on the GPU, exact with sub-batches;
+#   6. the single-process tests of the timing and DDP code on the GPU's torch.
 # Each part's output is saved under OUTDIR (default: $OUT when set, else ./gpu-checks);
 # the exit status is the number of parts that failed.
 #
@@ -36,6 +37,11 @@ part train 100 $py benchmarks/gpu_timing_check.py --workload train
 part ddp_boundary 100 $py benchmarks/gpu_ddp_check.py
 part ddp_balance 150 $py -m torch.distributed.run --standalone --nproc-per-node 2 \
     benchmarks/gpu_ddp_balance.py
+# 5. the drop-in (omnihvd.Balancer) on the GPU: 3 ranks on it, DDP over gloo, sub-batches
+#    of unequal count per rank; each step's float64 gradient against one process over
+#    the global batch (1e-12), with the device synchronised where each pass ends
+part balancer 150 $py -m torch.distributed.run --standalone --nproc-per-node 3 \
+    tests/mpi_scripts/balancer_loop.py ddp average 4 0 cuda
 part pytest 120 $py -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_gpu_check.py \
     tests/test_ddp.py tests/test_timing.py
 echo "gpu_checks: $failed part(s) failed; outputs in $out"

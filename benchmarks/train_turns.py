@@ -148,7 +148,7 @@ def main():
         stamps.end_epoch(epoch, args.turns_text[epoch % len(turns)])
         seconds = time.perf_counter() - t0
         cb.on_train_end()   # this turn waits for its next epoch
-        end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt, sampler,
+        end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt,
                   hvd.rank(), hvd.size())
 
 

@@ -17,11 +17,11 @@ from omnihvd.tools.cli import positive
 MODES = ("omnihvd", "tuned", "plain", "fixed")
 
 
-def callback_options(args) -> dict:
-    """The callback's keyword options for ``--mode`` (any mode but plain)."""
+def balancer_options(args) -> dict:
+    """``omnihvd.Balancer``'s keyword options for ``--mode`` (any mode but plain)."""
     if args.mode == "fixed":   # the given sizes, never adjusted: no adjustment step is reached
         return dict(initial_batch_sizes=args.split, adjust_every=2 ** 62)
-    options = dict(tune_split=True) if args.mode == "tuned" else {}
+    options = dict(advanced={"tune_split": True}) if args.mode == "tuned" else {}
     if args.start_split is not None:
         options["initial_batch_sizes"] = args.start_split
     return options
@@ -86,38 +86,49 @@ def plain_loader(train, global_batch_size, rank, size, seed=0):
     return sampler, loader
 
 
-def resume(path, net, opt, cb, sampler, map_location=None) -> int:
-    """Load ``--checkpoint`` when it exists; returns the epoch to start from."""
+def resume(path, net, opt, bal, loader, map_location=None) -> int:
+    """Load ``--checkpoint`` when it exists; returns the epoch to start from. ``bal``:
+    the ``omnihvd.Balancer`` (None in plain mode), ``loader`` its loader."""
     if not (path and os.path.exists(path)):
         return 0
     state = torch.load(path, weights_only=False, map_location=map_location)
     net.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
-    cb.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, step
-    sampler.load_state_dict(state["sampler"])       # omnihvd: position in the epoch
-    done = len(sampler) == 0                        # saved at the epoch's end
-    return state["sampler"]["epoch"] + (1 if done else 0)
+    if bal is None:
+        return 0
+    bal.load_state_dict(state["omnihvd"])           # omnihvd: sizes, time model, place
+    done = len(loader) == 0                         # saved at the epoch's end
+    return state["omnihvd"]["sampler"]["epoch"] + (1 if done else 0)
 
 
-def slowdown(args, rank) -> float:
-    """This rank's ``--slowdown`` factor (1.0: none)."""
+def slow_down(model, args, rank):
+    """``--slowdown``: this rank's model runs that many times slower. Each forward pass
+    sleeps, inside the pass as a slower device would take longer, (factor - 1) times
+    three times its own duration (the forward and the backward pass it leads to)."""
     factors = args.slowdown
-    return factors[rank % len(factors)] if factors else 1.0
+    factor = factors[rank % len(factors)] if factors else 1.0
+    if factor <= 1:
+        return
+    began = []
+    model.register_forward_pre_hook(lambda module, inputs: began.append(time.perf_counter()))
+    model.register_forward_hook(lambda module, inputs, output: time.sleep(
+        (factor - 1) * 3 * (time.perf_counter() - began.pop())))
 
 
-def end_epoch(args, epoch, seconds, accuracy, cb, loader, net, opt, sampler, rank, size):
+def end_epoch(args, epoch, seconds, accuracy, omni, loader, net, opt, rank, size):
     """Rank 0 prints the epoch's line (benchmarks/realhet.py reads it) and saves
-    ``--checkpoint``."""
+    ``--checkpoint``. ``omni``: the ``omnihvd.Balancer`` (or a callback; None in plain
+    mode)."""
     if rank != 0:
         return
-    sizes = cb.batch_sizes if cb is not None else [loader.batch_size] * size
+    sizes = omni.batch_sizes if omni is not None else [loader.batch_size] * size
+    cb = getattr(omni, "callback", omni)
     overhead = 1000 * cb.overhead_per_step if cb is not None else 0.0
     print("epoch %d: %.3f s, test accuracy %.3f, batch sizes %s, overhead %.2f ms/step"
           % (epoch, seconds, accuracy, sizes, overhead), flush=True)
-    if args.checkpoint:
+    if getattr(args, "checkpoint", None):
         torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(),
-                    "omnihvd": cb.state_dict(), "sampler": sampler.state_dict()},
-                   args.checkpoint)
+                    "omnihvd": None if omni is None else omni.state_dict()}, args.checkpoint)
 
 
 ANATOMY_ENV = "OMNIHVD_EXAMPLE_ANATOMY"

@@ -8,20 +8,21 @@ marked "# omnihvd". Run it like any Horovod job:
 
 --mode chooses how the global batch is split over the ranks:
 
-  omnihvd  (default) OmniLearnCallback + HeterogeneousBatchSampler, default options
+  omnihvd  (default) omnihvd.Balancer and its loader, default options
   tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain Horovod: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
 --start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
-equal split (the callback's initial_batch_sizes).
+equal split (initial_batch_sizes).
 
---slowdown makes rank i's local work per step that many times slower (it sleeps
-after backward, before opt.step()), to watch omnihvd rebalance on one machine.
+--slowdown makes rank i's model that many times slower (it sleeps inside each
+forward pass, as a slower device would take longer), to watch omnihvd rebalance on
+one machine.
 OMNIHVD_EXAMPLE_ANATOMY=FOLDER in the environment records where each step's time
 goes on each rank (benchmarks/step_anatomy.py summarises it).
---checkpoint PATH saves the model, optimizer, callback and sampler state after
+--checkpoint PATH saves the model, optimizer and omnihvd's state after
 every epoch and resumes from it when it exists.
 
 Rank 0 prints ``training starts`` once every rank has loaded the data and built the
@@ -41,8 +42,8 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import (StepAnatomy, callback_options, end_epoch, parse_args, plain_loader,
-                          resume, slowdown)
+from example_args import (StepAnatomy, balancer_options, end_epoch, parse_args, plain_loader,
+                          resume, slow_down)
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -63,30 +64,26 @@ def main():
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-    cb = None
+    bal = None
     if args.mode == "plain":
         sampler, loader = plain_loader(train, args.global_batch_size, hvd.rank(), hvd.size(),
                                        seed=args.seed)
     else:
-        options = callback_options(args)
-        cb = omnihvd.OmniLearnCallback(model, opt, global_batch_size=args.global_batch_size,  # omnihvd
-                                       **options)
-        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=args.seed)           # omnihvd
-        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
+        bal = omnihvd.Balancer(model, opt, global_batch_size=args.global_batch_size,   # omnihvd
+                               **balancer_options(args))
+        loader = bal.loader(train, seed=args.seed, drop_last=True)                      # omnihvd
+        sampler = loader.sampler
 
-    # Horovod's optimizer holds the state; omnihvd's callback and sampler hold theirs.
-    start_epoch = resume(args.checkpoint, model, opt, cb, sampler)
-    factor = slowdown(args, hvd.rank())
+    # Horovod's optimizer holds the state; omnihvd's balancer holds its own.
+    start_epoch = resume(args.checkpoint, model, opt, bal, loader)
+    slow_down(model, args, hvd.rank())
     anatomy = StepAnatomy(args, hvd.rank())  # off unless OMNIHVD_EXAMPLE_ANATOMY is set
+    cb = None if bal is None else bal.callback   # its step times, for the anatomy
 
     if hvd.rank() == 0:   # every rank is here (the broadcast): benchmarks/realhet.py reads it
         print("training starts", flush=True)
-    if cb is not None:
-        cb.on_train_begin()                                                              # omnihvd
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        if cb is not None:
-            cb.on_epoch_begin(epoch)                                                     # omnihvd
         model.train()
         # Start the epoch's clock together: the time is then training alone, not also
         # rank 0 waiting in the first allreduce for a slower rank's evaluation.
@@ -94,28 +91,17 @@ def main():
         t0 = time.perf_counter()
         for x, y in loader:
             anatomy.begin()
-            if cb is not None:
-                cb.on_batch_begin()                                                      # omnihvd
-            begin = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
-            if factor > 1:
-                time.sleep((factor - 1) * (time.perf_counter() - begin))
             anatomy.before_step()
             opt.step()
             anatomy.after_step(len(y), cb)
-            if cb is not None:
-                cb.on_batch_end()                                                        # omnihvd
-        if cb is not None:
-            cb.on_epoch_end(epoch)                                                       # omnihvd
         seconds = time.perf_counter() - t0
         anatomy.end_epoch(epoch)
-        end_epoch(args, epoch, seconds, evaluate(model, test), cb, loader, model, opt, sampler,
+        end_epoch(args, epoch, seconds, evaluate(model, test), bal, loader, model, opt,
                   hvd.rank(), hvd.size())
-    if cb is not None:
-        cb.on_train_end()
 
 
 def evaluate(model, dataset):

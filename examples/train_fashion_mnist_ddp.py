@@ -9,23 +9,19 @@ Run it like any torchrun job (gloo on CPUs; NCCL with one GPU per rank)::
 
 --mode chooses how the global batch is split over the ranks:
 
-  omnihvd  (default) DDPOmniLearnCallback + HeterogeneousBatchSampler, default options
+  omnihvd  (default) omnihvd.Balancer and its loader, default options
   tuned    the same with tune_split=True (the split also tuned by the step period)
   plain    plain DDP: equal batches from a DistributedSampler, no omnihvd at all
   fixed    omnihvd's sampler and gradient weighting with the sizes of --split
            (e.g. --split 128,64,64) and balancing off: a hand-picked static split
 
 --start-split 128,64,64 starts omnihvd (or tuned) from these sizes instead of the
-equal split (the callback's initial_batch_sizes).
+equal split (initial_batch_sizes).
 
---slowdown makes rank i's local work per step slower: it sleeps after the forward
-pass, before backward (DDP waits for the other ranks inside backward, so a sleep
-after it would not count as this rank's work), for ``(factor - 1) * 3 *`` the
-forward time. That is ``factor`` times the work where backward costs twice the
-forward; on this model on a CPU backward costs less, and factors 2 and 3 made a
-rank's local time about 2.6x and 5x (the Horovod example, which can sleep after
-backward, gives the factor itself).
---checkpoint PATH saves the model, optimizer, callback and sampler state after every
+--slowdown makes rank i's model slower: each forward pass sleeps, inside the pass,
+``(factor - 1) * 3 *`` its own duration. That is ``factor`` times the work where
+backward costs twice the forward; on this model on a CPU backward costs less.
+--checkpoint PATH saves the model, optimizer and omnihvd's state after every
 epoch and resumes from it when it exists.
 
 Rank 0 prints one line per epoch: ``epoch E: T s, test accuracy A, batch sizes
@@ -44,7 +40,7 @@ import omnihvd
 from omnihvd.tools.data import fashion_mnist
 from omnihvd.tools.models import SmallCNN
 
-from example_args import callback_options, end_epoch, parse_args, plain_loader, resume, slowdown
+from example_args import balancer_options, end_epoch, parse_args, plain_loader, resume, slow_down
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
@@ -65,51 +61,37 @@ def main():
     model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if gpu else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    cb = None
+    bal = None
     if args.mode == "plain":
         sampler, loader = plain_loader(train, args.global_batch_size, rank, size,
                                        seed=args.seed)
     else:
-        options = callback_options(args)
-        cb = omnihvd.DDPOmniLearnCallback(model, global_batch_size=args.global_batch_size,  # omnihvd
-                                          **options)
-        sampler = omnihvd.HeterogeneousBatchSampler(len(train), cb, seed=args.seed)         # omnihvd
-        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler)
+        bal = omnihvd.Balancer(model, opt, global_batch_size=args.global_batch_size,   # omnihvd
+                               **balancer_options(args))
+        loader = bal.loader(train, seed=args.seed, drop_last=True)                      # omnihvd
+        sampler = loader.sampler
 
-    start_epoch = resume(args.checkpoint, model.module, opt, cb, sampler, map_location=device)
-    factor = slowdown(args, rank)
+    start_epoch = resume(args.checkpoint, model.module, opt, bal, loader, map_location=device)
+    slow_down(model, args, rank)
 
-    if cb is not None:
-        cb.on_train_begin()                                                              # omnihvd
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        if cb is not None:
-            cb.on_epoch_begin(epoch)                                                     # omnihvd
         model.train()
         # Start the epoch's clock together: the time is then training alone, not also
         # rank 0 waiting in the first allreduce for a slower rank's evaluation.
         dist.barrier()
         t0 = time.perf_counter()
         for x, y in loader:
-            if cb is not None:
-                cb.on_batch_begin()                                                      # omnihvd
             x, y = x.to(device), y.to(device)
-            begin = time.perf_counter()
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
-            if factor > 1:
-                time.sleep((factor - 1) * 3 * (time.perf_counter() - begin))
             loss.backward()
             opt.step()
-            if cb is not None:
-                cb.on_batch_end()                                                        # omnihvd
-        if cb is not None:
-            cb.on_epoch_end(epoch)                                                       # omnihvd
         seconds = time.perf_counter() - t0
-        end_epoch(args, epoch, seconds, evaluate(model.module, test, device), cb, loader,
-                  model.module, opt, sampler, rank, size)
-    if cb is not None:
-        cb.on_train_end()
+        end_epoch(args, epoch, seconds, evaluate(model.module, test, device), bal, loader,
+                  model.module, opt, rank, size)
+    if bal is not None:
+        bal.close()
     dist.destroy_process_group()
 
 

@@ -1,8 +1,13 @@
-"""omnihvd: OmniLearn dynamic batch sizing for Horovod (PyTorch, MPI).
+"""omnihvd: OmniLearn dynamic batch sizing for Horovod (PyTorch, MPI) and DDP.
 
 On heterogeneous ranks each rank gets a batch size proportional to its speed, the
-global batch stays fixed, and gradients are weighted so that Horovod's allreduce
-returns exactly the gradient of the whole global batch.
+global batch stays fixed, and gradients are weighted so that the allreduce returns
+exactly the gradient of the whole global batch. The training loop stays as it is::
+
+    bal = omnihvd.Balancer(model, opt, global_batch_size=512)
+    loader = bal.loader(train_dataset, num_workers=2)   # in place of the DataLoader
+
+The pure controller:
 
     >>> import omnihvd
     >>> omnihvd.controller.rebalance([16, 16, 16, 16], [4.0, 4.0, 2.0, 1.0], 64)

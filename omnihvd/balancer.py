@@ -5,14 +5,8 @@ taken from it. The step boundaries come from where the framework already tells
 them: a step begins when the loader hands out its batch (the time of ``next()``,
 data loading, is this rank's work) and ends when ``opt.step()`` returns (the
 wait for the other ranks begins at its entry: Horovod's ``synchronize()``, or
-DDP's last gradient bucket). Nothing inside the loop calls omnihvd::
-
-    bal = omnihvd.Balancer(model, opt, global_batch_size=512)
-    loader = bal.loader(dataset, num_workers=2)
-    for epoch in range(epochs):
-        loader.sampler.set_epoch(epoch)
-        for x, y in loader:
-            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+DDP's last gradient bucket). Nothing inside the loop calls omnihvd (the example is
+:class:`Balancer`'s).
 
 The engine underneath is the callback (:class:`omnihvd.OmniLearnCallback`, or
 :class:`omnihvd.DDPOmniLearnCallback` for a DDP model), driven by the loader and

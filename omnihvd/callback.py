@@ -51,6 +51,7 @@ import zlib
 from typing import Dict, List, Optional
 
 from .alike import size_classes, this_kind
+from .arrivals import ARRIVAL_STEPS
 from .cadence import Cadence
 from .caps import lowered_cap, tighten_caps
 from .checkpoint import checked_state, restore
@@ -164,10 +165,8 @@ class OmniLearnCallback(ScheduledSizes):
             with this on, every window's per-step local times are gathered too (32
             more floats per rank) and such ranks get a little less, steady ones a
             little more (:mod:`omnihvd.arrivals`). Steady ranks, or ranks all alike
-            noisy, keep the split of equal means. On this project's 2-core VM it
-            moved the split as predicted; paired with the default in one launch it
-            ran at 1.02 (0.99-1.05) of it with ranks sharing a core and 0.99 under
-            CPU quotas (docs/real-heterogeneity.rst).
+            noisy, keep the split of equal means (measured:
+            docs/real-heterogeneity.rst).
         release_lag: also charge each rank its *release lag* (default True): how
             much later than the ranks on other CPUs of its machine its gradients'
             synchronize returns. Ranks that share a core resume one after another,
@@ -176,10 +175,8 @@ class OmniLearnCallback(ScheduledSizes):
             more floats per rank) and the controller balances local time plus lag:
             the ranks' arrivals (:mod:`omnihvd.lags`). Ranks on the same CPUs are
             charged their group's mean; ranks that all share their CPUs, or each
-            have their own, about nothing; ranks under CPU quotas alike. On this
-            project's 2-core VM, one rank alone on a core beside three sharing the
-            other: 1.056x (1.031-1.075) the split without it; HL8 quotas with core
-            sets: 1.007x (0.993-1.027) (docs/real-heterogeneity.rst, "Release lag").
+            have their own, about nothing; ranks under CPU quotas alike
+            (measured: docs/real-heterogeneity.rst, "Release lag").
         arrival_lead: also search how long after the others the rank with the
             most samples should arrive (default True). Balanced means leave it
             arriving last less often than its share of the batch where the others'
@@ -197,10 +194,8 @@ class OmniLearnCallback(ScheduledSizes):
             over its last windows, is balanced on its own from then on). Ranks sharing
             a core take about the same time however they divide it, so the time
             model cannot tell their sizes apart and would leave them anywhere
-            (:mod:`omnihvd.alike`); ``cb.history`` records the groups. Speeds
-            emulated by sleeps on one machine make every rank one kind: a rank whose
-            time is 1.5x its group's leaves at the first window, one 1.05-1.4x
-            after 2-3 windows. Ranks that ``initial_batch_sizes`` sets apart (by
+            (:mod:`omnihvd.alike`); ``cb.history`` records the groups. Ranks that
+            ``initial_batch_sizes`` sets apart (by
             more than one ``size_multiple``) are never alike. False: every rank is
             balanced on its own from the first decision.
 
@@ -786,6 +781,13 @@ class OmniLearnCallback(ScheduledSizes):
         """
         self._wait_boundary()
 
+    def working(self):
+        """``with cb.working():`` counts what runs inside as this rank's work, also
+        between the model's passes, where omnihvd leaves time out (it is where a
+        loop waits in collectives of its own): work no hook of the model sees, such
+        as an emulated slower device's sleep (:mod:`omnihvd.tools.emulate`)."""
+        return self._timer.working()
+
     def _on_step_entry(self, optimizer, args, kwargs):
         # Horovod's step() enters this hook before synchronize(): the first level is
         # the wait boundary. It then calls the base optimizer's step(), which enters it
@@ -872,7 +874,8 @@ class OmniLearnCallback(ScheduledSizes):
         cpuset = cpuset_key()   # a re-pin shows at once
         row = payload_row(self.cadence.close(), sizes, self.rank, self.schedule.decision_lookahead,
                           self._cap, self._host, cpuset, self._kind(cpuset),
-                          agreed=self._training_sampler_place())
+                          agreed=self._training_sampler_place(),
+                          steps=min(ARRIVAL_STEPS, self.adjust_every))   # a window's steps
         if self.nonblocking:
             self._pending = self._comm.iallgather(row)
         else:

@@ -540,6 +540,28 @@ class StepTimer:
             self._paused = None
             self.exclude(self._clock() - wall, 0.0 if cpu is None else self._cpu_clock() - cpu)
 
+    @contextlib.contextmanager
+    def working(self):
+        """Count what runs inside the ``with`` block as this rank's work, also where
+        the timer is paused between the model's passes: work the model's hooks do
+        not see, such as an emulated slower device's sleep.
+
+        >>> clock = iter([0.0, 0.1, 0.2, 0.5, 0.6, 0.6]).__next__
+        >>> t = StepTimer(clock)
+        >>> t.start(); t.pause()
+        >>> with t.working():
+        ...     pass                    # 0.3 s of emulated work
+        >>> t.mark_wait(); round(t.stop(), 6)
+        0.4
+        """
+        paused = self.paused
+        self.resume()
+        try:
+            yield
+        finally:
+            if paused:
+                self.pause()
+
     def start(self, at: Optional[float] = None):
         self._begin = self._clock() if at is None else at
         self._wait = None

@@ -394,18 +394,6 @@ def test_gradient_weight_is_one_inside_a_step(data):
 # ------------------------------------------------------- explicit synchronize
 
 
-def test_mark_compute_end_keeps_samples_with_explicit_synchronize(data, caplog):
-    model, opt, cb = build(adjust_every=2, nonblocking=False)
-    sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
-    with caplog.at_level(logging.WARNING, logger="omnihvd"):
-        train(model, opt, cb, sampler, data, epochs=1, explicit_sync=True, mark=True)
-    assert not [r for r in caplog.records if "mark_compute_end" in r.getMessage()]
-    assert len(cb.history) == 4
-    assert all("skipped" not in h and h["times"][0] > 0 for h in cb.history), cb.history
-    assert cb.history[0]["samples"] == [1]  # 2 steps, the first one settles
-    assert all(h["samples"][0] >= 1 for h in cb.history)
-
-
 @pytest.mark.parametrize("cpus, warned", [(2, 1), (1, 0)])
 def test_a_quota_over_more_cpus_than_it_fills_warns_once(data, caplog, monkeypatch, cpus,
                                                          warned):
@@ -426,17 +414,20 @@ def test_a_quota_over_more_cpus_than_it_fills_warns_once(data, caplog, monkeypat
     assert cb._timer.cpu_cores == 0.3
 
 
-def test_explicit_synchronize_after_the_backward_pass_is_no_work(data, caplog):
+@pytest.mark.parametrize("mark", [False, True])
+def test_explicit_synchronize_after_the_backward_pass_is_no_work(data, caplog, mark):
     # Horovod's clipping loop (synchronize, clip, skip_synchronize): the timer pauses
     # when the backward pass ends, so the wait inside synchronize() is left out and
-    # every step's time is kept, with no mark_compute_end()
+    # every step's time is kept, with or without mark_compute_end()
     model, opt, cb = build(adjust_every=2, nonblocking=False)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
     with caplog.at_level(logging.WARNING, logger="omnihvd"):
-        train(model, opt, cb, sampler, data, epochs=1, explicit_sync=True, mark=False)
+        train(model, opt, cb, sampler, data, epochs=1, explicit_sync=True, mark=mark)
     assert not [r for r in caplog.records if "mark_compute_end" in r.getMessage()]
     assert len(cb.history) == 4 and cb.step == N // B
-    assert all(h["samples"] == [2] and "skipped" not in h for h in cb.history[1:])
+    assert cb.history[0]["samples"] == [1]  # 2 steps, the first one settles
+    assert all(h["samples"] == [2] and "skipped" not in h and h["times"][0] > 0
+               for h in cb.history[1:]), cb.history
 
 
 def test_explicit_synchronize_unseen_drops_samples_and_warns_once(data, caplog, monkeypatch):

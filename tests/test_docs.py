@@ -1,5 +1,5 @@
-"""README.rst and docs/: the options table is complete, the drop-in example is the whole
-loop, and every page is reachable. Read as text, so they stay true as options and
+"""README.rst and docs/: the options tables are complete, the README's loop calls no
+omnihvd, the callback's example is the whole loop, and every page is reachable. Read as text, so they stay true as options and
 pages are added."""
 import ast
 import os
@@ -17,37 +17,53 @@ def read(*parts):
         return f.read()
 
 
-def callback_parameters():
-    """OmniLearnCallback.__init__'s parameters, from the source (no torch needed)."""
-    tree = ast.parse(read("omnihvd", "callback.py"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OmniLearnCallback")
+def init_parameters(module, name):
+    """``name.__init__``'s parameters in ``omnihvd/<module>.py``, from the source."""
+    tree = ast.parse(read("omnihvd", module + ".py"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     args = init.args
     return [a.arg for a in args.args[1:] + args.kwonlyargs]
 
 
-def readme_options():
-    text = read("README.rst")
-    section = text.split("\nOptions\n-------\n", 1)[1].split("\nDocumentation\n", 1)[0]
-    return re.findall(r"^``(\w+)``\s", section, flags=re.M)
+def options_table(*path):
+    section = read(*path).split("\nOptions\n-------\n", 1)[1]
+    section = section.split("\n====", 2)[1]   # the table, from its first rule on
+    return re.findall(r"^``(\w+)``\s", section.split("\n\n", 1)[0], flags=re.M)
 
 
-def test_readme_options_table_lists_every_callback_keyword_in_order():
-    params = callback_parameters()
-    assert "abort_on_exception" in params and "global_batch_size" in params
-    assert readme_options() == params
+def test_options_tables_list_every_keyword_in_order():
+    balancer = init_parameters("balancer", "Balancer")
+    assert "advanced" in balancer and len(balancer) <= 10
+    assert options_table("README.rst") == balancer
+    callback = init_parameters("callback", "OmniLearnCallback")
+    assert "abort_on_exception" in callback and "global_batch_size" in callback
+    assert options_table("docs", "callback.rst") == callback
 
 
-def test_drop_in_examples_run_the_whole_loop():
+def first_code_block(*path):
+    return read(*path).split("\n.. code-block:: python\n", 1)[1].split("\n\n``", 1)[0]
+
+
+def test_the_readme_loop_calls_nothing_of_omnihvd():
+    text = first_code_block("README.rst")
+    setup, loop = text.split("for epoch in", 1)
+    for line in ("hvd.init()", "hvd.DistributedOptimizer(", "omnihvd.Balancer(", "bal.loader("):
+        assert line in setup, line
+    assert "loader.sampler.set_epoch(epoch)" in loop and "opt.step()" in loop
+    assert "omnihvd" not in loop and "bal." not in loop and "cb." not in loop
+
+
+def test_the_callback_examples_run_the_whole_loop():
     loop = ["hvd.init()", "hvd.DistributedOptimizer(", "omnihvd.OmniLearnCallback(",
             "omnihvd.HeterogeneousBatchSampler(", "cb.on_train_begin()", "sampler.set_epoch(epoch)",
             "cb.on_epoch_begin(epoch)", "cb.on_batch_begin()", "cb.on_batch_end()",
             "cb.on_epoch_end(epoch)", "cb.on_train_end()"]
-    readme = read("README.rst").split("\n.. code-block:: python\n", 1)[1].split("\n\n``", 1)[0]
     tree = ast.parse(read("omnihvd", "callback.py"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OmniLearnCallback")
     docstring = ast.get_docstring(cls).split("Example::", 1)[1]
-    for name, text in (("README.rst", readme), ("OmniLearnCallback's docstring", docstring)):
+    for name, text in (("docs/callback.rst", first_code_block("docs", "callback.rst")),
+                       ("OmniLearnCallback's docstring", docstring)):
         positions = [text.find(line) for line in loop]
         assert all(p >= 0 for p in positions), (name, [l for l, p in zip(loop, positions) if p < 0])
         assert positions == sorted(positions), name

@@ -1,5 +1,7 @@
 """omnihvd.tools.harness: the benchmarks' one training loop, driven with fakes that
 record every call in one shared list, so the order of hooks is checked exactly."""
+import contextlib
+
 import pytest
 
 from omnihvd.errors import ConfigError
@@ -18,8 +20,10 @@ class Fake:
         self.calls, self.prefix = calls, prefix
 
     def __getattr__(self, name):
-        if name not in self.HOOKS + ("set_epoch", "start", "finish"):
+        if name not in self.HOOKS + ("set_epoch", "start", "finish", "working"):
             raise AttributeError(name)
+        if name == "working":   # the callback's context: the emulator's sleep is work
+            return lambda: contextlib.nullcontext(self.calls.append((self.prefix + name,)))
         return lambda *args: self.calls.append((self.prefix + name,) + args)
 
 
@@ -29,7 +33,7 @@ def fakes():
 
 
 def expected_step(index, size=2):
-    return [("cb.on_batch_begin",), ("emu.start", index), ("body", index),
+    return [("cb.on_batch_begin",), ("emu.start", index), ("body", index), ("cb.working",),
             ("emu.finish", size), ("opt.step",), ("cb.on_batch_end",)]
 
 
@@ -100,7 +104,7 @@ def test_break_abandons_the_step_and_still_ends_epoch_and_run():
             body(calls, step)
             if step.index == 4:
                 break
-    assert calls[-7:] == expected_step(4)[:-1] + [("cb.on_epoch_end", 1), ("cb.on_train_end",)]
+    assert calls[-8:] == expected_step(4)[:-1] + [("cb.on_epoch_end", 1), ("cb.on_train_end",)]
     assert not run.finished and run.step == 4
 
 

@@ -4,8 +4,9 @@ For benchmarks, tests, and rehearsing a heterogeneous cluster on a laptop. Two
 mechanisms, which can be combined:
 
 * **Emulated speeds** (:class:`Emulator`). After a rank's real forward and backward,
-  and *before* ``optimizer.step()`` (where Horovod waits for the allreduce, so omnihvd
-  counts the sleep as this rank's own compute), the rank sleeps until its step has
+  and *before* ``optimizer.step()`` (where Horovod waits for the allreduce; inside
+  ``cb.working()``, so omnihvd counts the sleep as this rank's own compute, not as a
+  wait between the model's passes), the rank sleeps until its step has
   taken as long as a slower machine would have needed. The allreduce, which
   Horovod's hooks started during the backward pass, runs during the sleep:
   communication is hidden, and the peers wait for a slow rank at the next step's
@@ -43,7 +44,8 @@ Example (each rank)::
     for step, (x, y) in enumerate(batches):
         cb.on_batch_begin(); emu.start(cb.step)
         opt.zero_grad(); loss_fn(model(x), y).backward()
-        emu.finish(len(x))          # sleeps here, before the step's synchronisation
+        with cb.working():          # the sleep is the emulated device's work
+            emu.finish(len(x))      # sleeps here, before the step's synchronisation
         opt.step(); cb.on_batch_end()
 """
 import math

@@ -35,6 +35,7 @@ An exception calls no further hook (as in Keras): it leaves the with block with 
 callback as it was, so the callback's abort-on-exception handler, which
 ``on_train_end`` would remove, still ends the whole job with this rank named.
 """
+import contextlib
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -83,7 +84,10 @@ class Step:
             raise ConfigError("step %d: compute_done() called twice or after end(); call it "
                               "once, right before opt.step()" % self.index)
         if self._run.emulator is not None:
-            self._run.emulator.finish(self.size)
+            cb = self._run.callback
+            # the emulated device's time: work, though it comes after the backward pass
+            with contextlib.nullcontext() if cb is None else cb.working():
+                self._run.emulator.finish(self.size)
         self.t_wait = time.perf_counter()
 
     def end(self) -> None:

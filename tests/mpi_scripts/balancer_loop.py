@@ -14,10 +14,11 @@ global batch (the union of every rank's samples, gathered), float64, tolerance
 1e-12; each epoch must hand out every sample exactly once. Rank 0 prints
 ``BALANCER-OK`` with what the run saw.
 
-Usage: balancer_loop.py BACKEND OP SUB WORKERS
+Usage: balancer_loop.py BACKEND OP SUB WORKERS [DEVICE]
   BACKEND: hvd | ddp; OP: average | sum (Horovod's op; DDP: average);
   SUB: the sub-batch size (every share a multiple of it: size_multiple=SUB);
-  WORKERS: the loader's worker processes.
+  WORKERS: the loader's worker processes; DEVICE: cpu (default) or cuda (every rank
+  on the one GPU, DDP over gloo: benchmarks/gpu_checks.sh).
 """
 import contextlib
 import copy
@@ -31,6 +32,7 @@ import torch
 import omnihvd
 
 backend, op_name, SUB, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 
@@ -81,7 +83,7 @@ class Net(torch.nn.Module):
 
 
 torch.manual_seed(0)
-net = Net(SLOW[rank])
+net = Net(SLOW[rank]).to(device)
 if backend == "hvd":
     op = hvd.Sum if op_name == "sum" else hvd.Average
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05),
@@ -101,11 +103,11 @@ loader = bal.loader(dataset, num_workers=workers)
 
 def reference_grads(params, idx):
     """One process over the whole global batch of the step."""
-    ref = Net()
+    ref = Net().to(device)
     with torch.no_grad():
         for p, q in zip(ref.parameters(), params):
             p.copy_(q)
-    loss = torch.nn.functional.mse_loss(ref(X[idx]), Y[idx])
+    loss = torch.nn.functional.mse_loss(ref(X[idx].to(device)), Y[idx].to(device))
     return torch.autograd.grad(loss, list(ref.parameters()))
 
 
@@ -114,6 +116,7 @@ for epoch in range(EPOCHS):
     loader.sampler.set_epoch(epoch)
     used = []
     for idx, x, y in loader:                      # the training loop: no omnihvd call
+        x, y = x.to(device), y.to(device)
         before = [p.detach().clone() for p in net.parameters()]
         opt.zero_grad()
         chunks = math.ceil(len(x) / SUB)

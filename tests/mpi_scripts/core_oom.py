@@ -32,7 +32,8 @@ for step in range(STEPS):
         if rank == 1 and b > CAP:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected: %d > %d)" % (b, CAP))
         model(torch.randn(b, 4)).pow(2).mean().backward()
-        time.sleep(b * (0.0002 if rank == 1 else 0.002))
+        with cb.working():   # emulated speed: work, after the backward pass
+            time.sleep(b * (0.0002 if rank == 1 else 0.002))
     except torch.cuda.OutOfMemoryError:
         ooms += 1
         cb.report_oom()

@@ -151,7 +151,8 @@ for epoch in range(EPOCHS):
             opt.zero_grad()
         loss = rank_loss(scaled(model, temperature)(x), y)
         loss.backward()
-        time.sleep(per_sample * len(idx))
+        with cb.working():   # an emulated slower machine: work, after the backward pass
+            time.sleep(per_sample * len(idx))
         micro.append(idx.tolist())
         seen.extend(idx.tolist())
         if len(micro) == bpps:

@@ -116,7 +116,8 @@ def main():
                 cb.on_batch_begin((ids, x, y))
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
-                time.sleep(COST.get(slot, 0.001) * len(ids))
+                with cb.working():   # emulated speed: work, after the backward pass
+                    time.sleep(COST.get(slot, 0.001) * len(ids))
                 if cb.step == args.kill_at and os.environ.get("HOROVOD_HOSTNAME") == args.kill_host:
                     print("rank %d on %s: killing itself at step %d"
                           % (hvd.rank(), args.kill_host, cb.step), flush=True)

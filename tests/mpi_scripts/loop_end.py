@@ -44,8 +44,14 @@ sampler = omnihvd.HeterogeneousBatchSampler(len(dataset), cb, seed=0)
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
 per_sample = loop_shapes.per_sample_seconds(rank)
 
+
+def emulated_work(seconds):
+    with cb.working():   # emulated speed: work, though after the backward pass
+        time.sleep(seconds)
+
+
 loop_shapes.train(cb, sampler, loader, model, opt, shape=shape, steps=steps, rank=rank,
-                  before_step=lambda samples: time.sleep(per_sample * samples))
+                  before_step=lambda samples: emulated_work(per_sample * samples))
 if shape == "train_end":
     cb.on_train_end()
 if shape == "late_last" and rank == size - 1:
