@@ -32,7 +32,6 @@ def test_sub_batches_of_unequal_count_give_the_global_batch_gradient(backend, op
     out = (mpirun(3, SCRIPT, *args) if backend == "hvd" else torchrun(3, SCRIPT, *args)).stdout
     report = _report(out)
     assert report["worst"] <= 1e-12
-    # the controller moved the sizes, and in some steps the ranks ran different
-    # numbers of sub-batches (what Horovod's backward_passes_per_step refused)
-    assert len(report["sizes"]) > 2, report
+    # the ranks ran different numbers of sub-batches (what Horovod's
+    # backward_passes_per_step refused): from the first step, whatever the timing
     assert report["unequal_passes"] > 0, report

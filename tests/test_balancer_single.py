@@ -164,3 +164,35 @@ def test_a_plain_torch_optimizer_under_horovod_is_refused():
     with pytest.raises(ConfigError, match="hvd.DistributedOptimizer"):
         omnihvd.Balancer(model, torch.optim.SGD(model.parameters(), lr=0.1),
                          global_batch_size=B)
+
+
+@pytest.mark.parametrize("where", ["before_step", "after_step"])
+def test_a_break_mid_epoch_leaves_the_next_epoch_whole(where):
+    model, opt, bal = build()
+    loader = bal.loader(dataset())
+    for i, (idx, x, y) in enumerate(loader):
+        if i == 2 and where == "before_step":
+            break
+        step(model, opt, x, y)
+        if i == 2:
+            break
+    loader.sampler.set_epoch(1)
+    seen = []
+    for idx, x, y in loader:
+        step(model, opt, x, y)
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(N))
+    bal.close()
+
+
+def test_a_peek_before_the_loop_costs_no_sample_of_the_epoch():
+    model, opt, bal = build()
+    loader = bal.loader(dataset())
+    idx, x, y = next(iter(loader))        # a look at the data, no training
+    assert len(idx) == B
+    seen = []
+    for idx, x, y in loader:
+        step(model, opt, x, y)
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(N))
+    bal.close()

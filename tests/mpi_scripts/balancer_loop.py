@@ -5,9 +5,9 @@ loop is Horovod's imagenet example's: it takes its rank's batch from
 ``bal.loader(...)``, cuts it into sub-batches of SUB samples, divides each loss by
 their number and accumulates (Horovod: ``backward_passes_per_step=2``; DDP: the
 sub-batches before the last under ``model.no_sync()``), allreduces a metric inside
-the step (before ``opt.step()``) and steps. Ranks are slowed by known factors inside
-their model's forward pass, so the sizes really change and ranks run different
-numbers of sub-batches.
+the step (before ``opt.step()``) and steps. The ranks start from an unequal split
+(6, 4 and 2 sub-batches) and are slowed by known factors inside their model's forward
+pass, so the controller moves the sizes on from there.
 
 After every step each rank checks its gradient against one process over the whole
 global batch (the union of every rank's samples, gathered), float64, tolerance
@@ -95,8 +95,9 @@ else:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
 # --- the README's lines -------------------------------------------------------------
-bal = omnihvd.Balancer(model, opt, global_batch_size=B, size_multiple=SUB, adjust_every=3,
-                       advanced={"deadband": 0.0})
+START = [B // 2, B // 3, B - B // 2 - B // 3] if size == 3 else None   # 6, 4, 2 sub-batches
+bal = omnihvd.Balancer(model, opt, global_batch_size=B, initial_batch_sizes=START,
+                       size_multiple=SUB, adjust_every=3, advanced={"deadband": 0.0})
 loader = bal.loader(dataset, num_workers=workers)
 # -------------------------------------------------------------------------------------
 
