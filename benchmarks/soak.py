@@ -170,7 +170,8 @@ def worker(args):
             loss.backward()
             step.compute_done()
             if slow.get(step.index, (None,))[0] == rank:
-                time.sleep((slow[step.index][1] - 1) * emu.target(len(idx), 0.0))
+                with cb.working():   # a pause in this rank's own work, not a wait
+                    time.sleep((slow[step.index][1] - 1) * emu.target(len(idx), 0.0))
             opt.step()
             last = cb.history[-1] if cb.history else None  # the history is bounded:
             step.end()                                       # compare records, not lengths

@@ -163,10 +163,11 @@ def main(argv=None):
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
-            # Emulated slowness must be spent before opt.step(): omnihvd counts the
-            # time up to there as this rank's compute.
+            # Emulated slowness, spent before opt.step() inside cb.working(): omnihvd
+            # counts it as this rank's compute, though it comes after the backward pass.
             if emulated_per_sample:
-                time.sleep(emulated_per_sample * len(y))
+                with cb.working():
+                    time.sleep(emulated_per_sample * len(y))
             opt.step()
             cb.on_batch_end()
             last_loss = hvd.allreduce(loss.detach(), name="omnihvd_job.loss").item()
