@@ -375,7 +375,8 @@ def plot(doc, path: str) -> None:
         ax.set_xlabel("training time, s (evaluation excluded)")
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=8)
     fig.suptitle("Fashion-MNIST to %.0f%%: one line per seed" % (100 * doc["target"]))
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
