@@ -51,6 +51,15 @@ def step(model, opt, x, y):
     opt.step()
 
 
+def one_epoch(loader, model, opt):
+    """A pass of the plain loop; returns the sample indices it trained on."""
+    seen = []
+    for idx, x, y in loader:
+        step(model, opt, x, y)
+        seen += idx.tolist()
+    return seen
+
+
 def test_a_plain_loop_runs_one_step_per_batch_and_uses_every_sample():
     model, opt, bal = build()
     loader = bal.loader(dataset(), shuffle=True, seed=3)
@@ -177,11 +186,7 @@ def test_a_break_mid_epoch_leaves_the_next_epoch_whole(where):
         if i == 2:
             break
     loader.sampler.set_epoch(1)
-    seen = []
-    for idx, x, y in loader:
-        step(model, opt, x, y)
-        seen += idx.tolist()
-    assert sorted(seen) == list(range(N))
+    assert sorted(one_epoch(loader, model, opt)) == list(range(N))
     bal.close()
 
 
@@ -190,9 +195,5 @@ def test_a_peek_before_the_loop_costs_no_sample_of_the_epoch():
     loader = bal.loader(dataset())
     idx, x, y = next(iter(loader))        # a look at the data, no training
     assert len(idx) == B
-    seen = []
-    for idx, x, y in loader:
-        step(model, opt, x, y)
-        seen += idx.tolist()
-    assert sorted(seen) == list(range(N))
+    assert sorted(one_epoch(loader, model, opt)) == list(range(N))
     bal.close()
