@@ -88,7 +88,8 @@ def train(args, dataset, resume=None, crash_at=None):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
             if emu:
-                emu.finish(len(idx))
+                with cb.working():   # the emulated speed: work, after the backward pass
+                    emu.finish(len(idx))
             opt.step()
             log.append((cb.step, epoch, sizes, idx.tolist()))
             cb.on_batch_end()
