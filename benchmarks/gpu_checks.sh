@@ -12,6 +12,12 @@
 # Each part's output is saved under OUTDIR (default: $OUT when set, else ./gpu-checks);
 # the exit status is the number of parts that failed.
 #
+# The Horovod callback on the GPU is benchmarks/gpu_horovod.sh (Horovod built there from a
+# carried sdist; at most about 8 minutes, so a separate device run): here, once,
+# `bash tools/fetch_horovod_sdist.sh` (writes .cache/horovod-0.28.1.tar.gz); then the
+# device command `bash benchmarks/gpu_horovod.sh $OUT` with carry [".cache"] and
+# timeout_s 560. Its header says what it checks and how to run its CPU side here.
+#
 # Usage: bash benchmarks/gpu_checks.sh [OUTDIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."

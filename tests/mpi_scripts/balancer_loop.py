@@ -18,7 +18,9 @@ Usage: balancer_loop.py BACKEND OP SUB WORKERS [DEVICE]
   BACKEND: hvd | ddp; OP: average | sum (Horovod's op; DDP: average);
   SUB: the sub-batch size (every share a multiple of it: size_multiple=SUB);
   WORKERS: the loader's worker processes; DEVICE: cpu (default) or cuda (every rank
-  on the one GPU, DDP over gloo: benchmarks/gpu_checks.sh).
+  on the one GPU, DDP over gloo: benchmarks/gpu_checks.sh), or one device per rank,
+  comma-separated and repeated cyclically: ``cuda,cpu,cpu`` puts rank 0 on the GPU
+  and ranks 1 and 2 on the CPU (a mixed world: benchmarks/gpu_horovod.sh).
 """
 import contextlib
 import copy
@@ -32,7 +34,7 @@ import torch
 import omnihvd
 
 backend, op_name, SUB, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+devices = (sys.argv[5] if len(sys.argv) > 5 else "cpu").split(",")
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
 
@@ -63,6 +65,7 @@ else:
         dist.all_reduce(value)
         return value / size
 
+device = torch.device(devices[rank % len(devices)])   # this rank's
 B, D, N, EPOCHS = 8 * SUB * size // 2, 5, 0, 2
 N = 10 * B + SUB * size          # ten full steps and a partial one of SUB per rank
 SLOW = [0.0004, 0.0012, 0.0024][:size]   # seconds per sample in the forward pass
@@ -147,7 +150,8 @@ for epoch in range(EPOCHS):
         raise SystemExit("epoch %d: samples not each used once (%d used, %d distinct)"
                          % (epoch, len(used), len(set(used))))
 bal.close()
+placed = gather(str(device))
 if rank == 0:
     print("BALANCER-OK " + json.dumps({
-        "steps": steps, "worst": worst, "sizes": sorted(sizes_seen),
+        "steps": steps, "worst": worst, "sizes": sorted(sizes_seen), "devices": placed,
         "unequal_passes": sum(len(set(p)) > 1 for p in passes_seen)}), flush=True)
