@@ -5,13 +5,16 @@ A checkpoint may come from another run, another version or a hand-edited file; a
 wrong field must stop the resume with a message naming it, never start training
 at a split that does not sum to the global batch. Pure Python and numpy.
 """
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+import logging
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .caps import tighten_caps
 from .checks import check_int
 from .errors import ConfigError
 
-__all__ = ["CallbackState", "checked_state", "restore"]
+log = logging.getLogger("omnihvd")
+
+__all__ = ["CallbackState", "Checkpointed", "checked_state", "restore"]
 
 
 class CallbackState(NamedTuple):
@@ -112,3 +115,59 @@ def restore(saved: CallbackState, controller, schedule,
         (s, fit(v)) for s, v in saved.changes if s > step])
     controller.load_state_dict(saved.controller)
     return True
+
+
+class Checkpointed:
+    """The callback's ``state_dict`` / ``load_state_dict`` (a part of
+    :class:`~omnihvd.OmniLearnCallback`, a mixin): it reads the engine's
+    ``schedule``, ``controller``, ``cadence`` and options, through
+    :func:`checked_state` and :func:`restore` above."""
+
+    def state_dict(self) -> Dict:
+        """Batch sizes, time-model history and step, for the user's checkpoint: take it
+        after ``on_batch_end()`` (or between epochs).
+
+        Raises:
+            ConfigError: called between ``opt.step()`` and ``on_batch_end()``: the
+                model holds the step's update but the step is not counted yet, so a
+                resume would run it again.
+        """
+        if self._updated or self._backend.updated():
+            raise ConfigError("state_dict() between opt.step() and cb.on_batch_end() (step %d): "
+                              "the model has this step's update but the step is not counted, "
+                              "so a resume would repeat it; checkpoint after cb.on_batch_end()"
+                              % self.step)
+        return {"version": 1, "global_batch_size": self.global_batch_size,
+                "num_ranks": self.num_ranks, "step": self.step, "epoch": self.epoch,
+                "batch_sizes": self.batch_sizes, "changes": self.schedule.upcoming(),
+                "max_batch_size": self.controller.hi.tolist(),
+                "controller": self.controller.state_dict(),
+                **({} if self.cadence.tuner is None else
+                   {"tuning": self.cadence.tuner.state_dict()})}
+
+    def load_state_dict(self, state: Dict):
+        """Restore from :meth:`state_dict`; call on every rank before training resumes.
+
+        On a different number of ranks the global batch is re-split (equally, or by
+        ``initial_batch_sizes`` when given) and the measured history is dropped.
+
+        Raises:
+            ConfigError: the checkpoint has another global batch size, or is malformed.
+        """
+        saved = checked_state(state)
+        if saved.global_batch_size != self.global_batch_size:
+            raise ConfigError("checkpoint has global_batch_size %d but this run has %d; resume "
+                              "with the same global batch"
+                              % (saved.global_batch_size, self.global_batch_size))
+        if self._started:
+            raise ConfigError("load_state_dict must be called before on_train_begin")
+        self.epoch = saved.epoch
+        self.cadence.forget_pending()
+        same = restore(saved, self.controller, self.schedule, self._options.initial_batch_sizes)
+        if same and self.cadence.tuner is not None and state.get("tuning") is not None:
+            self.cadence.tuner.load_state_dict(state["tuning"])
+        self._cap = min(self._cap, int(self.controller.hi[self.rank]))
+        self._decisions.caps_before = []
+        if not same and self.rank == 0:
+            log.info("omnihvd: checkpoint from %d ranks resumed on %d: sizes re-split to %s",
+                     saved.num_ranks, self.num_ranks, self.batch_sizes)

@@ -69,7 +69,7 @@ the job is then ended by ``abort_on_exception``). ``no_sync()`` within one step 
 """
 import logging
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from .callback import OmniLearnCallback
 from .comm import TorchDistComm, hold_past_exit
@@ -80,7 +80,7 @@ from .options import option_values
 from .timing import DEFAULT_SUMMARY
 from .weighting import GradientWeight
 
-__all__ = ["DDPOmniLearnCallback", "WeightedAllreduceState", "weighted_allreduce_hook"]
+__all__ = ["DDPOmniLearnCallback", "DDPBackend", "WeightedAllreduceState", "weighted_allreduce_hook"]
 
 log = logging.getLogger("omnihvd")
 
@@ -181,6 +181,121 @@ class _HookHandle:
         self._state.on_last_bucket = self._state.on_released = None
 
 
+class DDPBackend:
+    """DistributedDataParallel's side of the engine (the peer of
+    :class:`omnihvd.backend.HorovodBackend`, whose docstring lists the calls):
+    the weights go in through :func:`weighted_allreduce_hook`, and the wait
+    boundary is the last gradient bucket (module docstring)."""
+
+    def __init__(self, model):
+        self._hook_state: Optional[WeightedAllreduceState] = None
+        self._warned_no_bucket = False
+        self._bucket_seen = False   # a last gradient bucket in the running step
+        self._buckets_rebuilt = ddp_buckets_rebuilt(model)
+        self._watched = None   # (parameter, its version at the step's last bucket)
+        self._model, self._optimizer, self._cb, self.rank = model, None, None, 0
+
+    def check(self, model, optimizer, rank: int) -> bool:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._optimizer, self.rank = optimizer, rank
+        if not isinstance(model, DistributedDataParallel):
+            raise ConfigError("model must be a torch.nn.parallel.DistributedDataParallel, got %s; "
+                              "wrap it: model = DistributedDataParallel(net) (with "
+                              "device_ids=[local_rank] on GPUs)" % type(model).__name__)
+        self._refuse_other_comm_hook(model)
+        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
+            log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
+                        "(broadcast_buffers=True), a collective inside the timed window; pass "
+                        "broadcast_buffers=False to DistributedDataParallel", rank)
+        return True  # the hook's weight is n * b_i / B, as for an averaging allreduce
+
+    @staticmethod
+    def _refuse_other_comm_hook(model):
+        """ConfigError when ``model`` has a communication hook: DDP takes one, for good."""
+        if comm_hook_name(model) == weighted_allreduce_hook.__name__:
+            raise ConfigError("this DDP model already carries the hook of an earlier "
+                              "DDPOmniLearnCallback, and DDP keeps one communication hook per "
+                              "model for good: keep using that callback (on_train_end() then "
+                              "on_train_begin() starts it again), or wrap the network in a new "
+                              "DistributedDataParallel")
+        name = comm_hook_name(model)
+        if name:
+            raise ConfigError("the DDP model already has a communication hook (%s); DDP allows one "
+                              "and omnihvd's applies the batch-size weights: register none of "
+                              "your own" % name)
+
+    def agreed(self) -> dict:
+        # a hook registered since the constructor (by the user, or by another callback
+        # on this model that started first), compared so that every rank refuses it
+        return {"comm_hook": None if self._hook_state is not None
+                else comm_hook_name(self._model)}
+
+    def install(self, cb) -> list:
+        # DDP takes one comm hook per model, for good: register it on the first
+        # on_train_begin and only switch its timing mark on and off afterwards.
+        self._cb = cb
+        if self._hook_state is None:
+            self._refuse_other_comm_hook(self._model)   # the same on every rank (agreed)
+            state = WeightedAllreduceState(self._model.process_group, cb._weight)
+            self._model.register_comm_hook(state, weighted_allreduce_hook)
+            self._hook_state = state
+        self._hook_state.on_last_bucket = self._on_last_bucket
+        self._hook_state.on_released = lambda: cb._released(time.perf_counter())
+        return [_HookHandle(self._hook_state)] + ([] if self._optimizer is None else
+                                                  cb._step_hooks(self._optimizer))
+
+    def _on_last_bucket(self, device):
+        # The wait boundary: the timer's device_sync ("auto": the model's compute
+        # streams, never NCCL's) runs here.
+        self._bucket_seen = True
+        rebuilt = ddp_buckets_rebuilt(self._model)
+        if rebuilt != self._buckets_rebuilt:
+            # DDP rebuilt its buckets in this step's forward (once, in the second
+            # iteration), broadcasting their layout: a wait for the peers in the window
+            self._buckets_rebuilt = rebuilt
+            self._cb._discard_step_time()
+        # a parameter with a gradient, to tell whether opt.step() has run since
+        # (checkpoints), as Horovod's optimizer hooks tell the engine
+        self._watched = next(((p, tensor_version(p)) for p in self._model.parameters()
+                              if p.grad is not None), None)
+        self._cb.mark_compute_end()
+
+    def begin_step(self):
+        """Nothing: DDP weights every bucket in its hook."""
+
+    def synchronized_early(self) -> bool:
+        return False
+
+    def check_weighted(self, step: int):
+        """Nothing: the hook weights every bucket, frozen parameters or not."""
+
+    def end_step(self, cb):
+        """A step with no last bucket (``model.no_sync()``, or no backward) has no wait
+        boundary: its time is not used (warned once)."""
+        if not self._bucket_seen:
+            if cb._timing_open():
+                cb._discard_step_time()
+            if not self._warned_no_bucket:
+                self._warned_no_bucket = True
+                log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "
+                            "is not used, and if the loop accumulates gradients over steps with "
+                            "model.no_sync(), the sum is weighted with the synced step's sizes: "
+                            "wrong whenever the split changes between them (put one "
+                            "on_batch_begin/on_batch_end pair around all the micro-batches of "
+                            "an optimizer step instead)", self.rank, cb.step)
+        self._bucket_seen = False
+        self._watched = None
+
+    def updated(self) -> bool:
+        """Whether ``opt.step()`` has run since this step's backward, read from a
+        parameter's version counter (the engine may not see a DDP loop's optimizer)."""
+        return self._watched is not None and tensor_version(self._watched[0]) != self._watched[1]
+
+    def detach(self):
+        """Nothing: DDP keeps its hook; :class:`_HookHandle` switched its marks off."""
+
+
 class DDPOmniLearnCallback(OmniLearnCallback):
     """OmniLearn dynamic batch sizing for a DistributedDataParallel training loop.
 
@@ -231,107 +346,8 @@ class DDPOmniLearnCallback(OmniLearnCallback):
             raise ConfigError("torch.distributed is not initialised: call "
                               "dist.init_process_group('gloo' or 'nccl') before creating "
                               "DDPOmniLearnCallback (torchrun sets its environment)")
-        self._hook_state: Optional[WeightedAllreduceState] = None
-        self._warned_no_bucket = False
-        self._bucket_seen = False   # a last gradient bucket in the running step
-        self._buckets_rebuilt = ddp_buckets_rebuilt(model)
-        self._watched = None   # (parameter, its version at the step's last bucket)
         # A DDP model's group; the default group otherwise, so that the check of the
         # model fails on every rank together.
         comm = TorchDistComm(getattr(model, "process_group", None))
-        self._start(comm, model, optimizer, option_values(locals()),
+        self._start(comm, DDPBackend(model), model, optimizer, option_values(locals()),
                     comm.size > 1 if abort_on_exception is None else abort_on_exception)
-
-    # ------------------------------------------- backend seams (OmniLearnCallback's)
-    def _check_backend(self, model, optimizer) -> bool:
-        from torch.nn.parallel import DistributedDataParallel
-
-        if not isinstance(model, DistributedDataParallel):
-            raise ConfigError("model must be a torch.nn.parallel.DistributedDataParallel, got %s; "
-                              "wrap it: model = DistributedDataParallel(net) (with "
-                              "device_ids=[local_rank] on GPUs)" % type(model).__name__)
-        self._refuse_other_comm_hook(model)
-        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
-            log.warning("omnihvd: rank %d: DDP broadcasts the model's buffers at every forward "
-                        "(broadcast_buffers=True), a collective inside the timed window; pass "
-                        "broadcast_buffers=False to DistributedDataParallel", self.rank)
-        return True  # the hook's weight is n * b_i / B, as for an averaging allreduce
-
-    @staticmethod
-    def _refuse_other_comm_hook(model):
-        """ConfigError when ``model`` has a communication hook: DDP takes one, for good."""
-        if comm_hook_name(model) == weighted_allreduce_hook.__name__:
-            raise ConfigError("this DDP model already carries the hook of an earlier "
-                              "DDPOmniLearnCallback, and DDP keeps one communication hook per "
-                              "model for good: keep using that callback (on_train_end() then "
-                              "on_train_begin() starts it again), or wrap the network in a new "
-                              "DistributedDataParallel")
-        name = comm_hook_name(model)
-        if name:
-            raise ConfigError("the DDP model already has a communication hook (%s); DDP allows one "
-                              "and omnihvd's applies the batch-size weights: register none of "
-                              "your own" % name)
-
-    def _fingerprint(self):
-        fp = super()._fingerprint()
-        # a hook registered since the constructor (by the user, or by another callback
-        # on this model that started first), compared here so that every rank refuses it
-        fp["comm_hook"] = None if self._hook_state is not None else comm_hook_name(self._model)
-        return fp
-
-    def _install_hooks(self) -> list:
-        # DDP takes one comm hook per model, for good: register it on the first
-        # on_train_begin and only switch its timing mark on and off afterwards.
-        if self._hook_state is None:
-            self._refuse_other_comm_hook(self._model)   # the same on every rank (agreed)
-            state = WeightedAllreduceState(self._model.process_group, self._gradient_weight)
-            self._model.register_comm_hook(state, weighted_allreduce_hook)
-            self._hook_state = state
-        self._hook_state.on_last_bucket = self._on_last_bucket
-        self._hook_state.on_released = lambda: self._released(time.perf_counter())
-        return [_HookHandle(self._hook_state)] + ([] if self._optimizer is None else
-                                                  self._step_hooks())
-
-    def _on_last_bucket(self, device):
-        # The wait boundary: the timer's device_sync ("auto": the model's compute
-        # streams, never NCCL's) runs here.
-        self._bucket_seen = True
-        rebuilt = ddp_buckets_rebuilt(self._model)
-        if rebuilt != self._buckets_rebuilt:
-            # DDP rebuilt its buckets in this step's forward (once, in the second
-            # iteration), broadcasting their layout: a wait for the peers in the window
-            self._buckets_rebuilt = rebuilt
-            self._discard_step_time()
-        # a parameter with a gradient, to tell whether opt.step() has run since
-        # (checkpoints), as Horovod's optimizer hooks tell the other callback
-        self._watched = next(((p, tensor_version(p)) for p in self._model.parameters()
-                              if p.grad is not None), None)
-        self.mark_compute_end()
-
-    def state_dict(self) -> Dict:
-        """As :meth:`OmniLearnCallback.state_dict`; whether ``opt.step()`` has run
-        since this step's backward is read from a parameter's version counter (the
-        callback does not see a DDP loop's optimizer)."""
-        if self._watched is not None and tensor_version(self._watched[0]) != self._watched[1]:
-            self._updated = True
-        return super().state_dict()
-
-    # --------------------------------------------------------------- hooks
-    def on_batch_end(self, batch=None, logs=None):
-        """Record the step's local time; gather, decide and schedule when due."""
-        if not self._bucket_seen:
-            # No last bucket reached the hook (model.no_sync(), or no backward): without
-            # opt.step() the interval has no boundary, so it is not used.
-            if self._timing_open():
-                self._discard_step_time()
-            if not self._warned_no_bucket:
-                self._warned_no_bucket = True
-                log.warning("omnihvd: rank %d: step %d ran no DDP gradient allreduce; its time "
-                            "is not used, and if the loop accumulates gradients over steps with "
-                            "model.no_sync(), the sum is weighted with the synced step's sizes: "
-                            "wrong whenever the split changes between them (put one "
-                            "on_batch_begin/on_batch_end pair around all the micro-batches of "
-                            "an optimizer step instead)", self.rank, self.step)
-        self._bucket_seen = False
-        super().on_batch_end(batch, logs)
-        self._watched = None

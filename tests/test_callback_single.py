@@ -399,10 +399,10 @@ def test_a_quota_over_more_cpus_than_it_fills_warns_once(data, caplog, monkeypat
                                                          warned):
     # 0.3 cores over 2 CPUs: MPI's polling thread spends the quota beside the
     # training thread (docs/cpu-quotas.rst); on 1 CPU the two share it
-    import omnihvd.callback
+    import omnihvd.boundary
 
-    monkeypatch.setattr(omnihvd.callback, "cpu_quota_cores", lambda: 0.3)
-    monkeypatch.setattr(omnihvd.callback, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(omnihvd.boundary, "cpu_quota_cores", lambda: 0.3)
+    monkeypatch.setattr(omnihvd.boundary, "usable_cpus", lambda: cpus)
     model, opt, cb = build(adjust_every=2)
     sampler = omnihvd.HeterogeneousBatchSampler(N, cb)
     with caplog.at_level(logging.WARNING, logger="omnihvd"):

@@ -149,7 +149,7 @@ def test_device_sync_runs_once_per_step_at_the_last_bucket(world_of_one, option)
         model(torch.randn(8, 6, dtype=torch.float64)).pow(2).mean().backward()
         cb.on_batch_end()
     cb.on_batch_begin()  # a last bucket on a CUDA device: the hook itself waits for nothing
-    cb._on_last_bucket(torch.device("cuda", 0))
+    cb._backend._on_last_bucket(torch.device("cuda", 0))
     cb.on_batch_end()
     cb.on_train_end()
     # inside the timed window only: where each of the model's passes ends (the forward

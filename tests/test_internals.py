@@ -44,7 +44,7 @@ def test_horovod_keeps_its_synchronized_flag_and_reduced_set():
 
 
 def test_horovod_can_defer_every_allreduce_to_synchronize():
-    # the public method omnihvd uses for per-rank accumulation (callback._accumulate_per_rank)
+    # the public method omnihvd uses for per-rank accumulation (omnihvd.backend.HorovodBackend._accumulate_per_rank)
     _, opt = _horovod_optimizer(backward_passes_per_step=2)
     opt.set_backward_passes_per_step(7)
     assert opt.backward_passes_per_step == 7
