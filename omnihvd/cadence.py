@@ -40,6 +40,7 @@ import numpy as np
 
 from .arrivals import ARRIVAL_STEPS
 from .checks import check_int
+from .controller import int_list
 from .errors import ConfigError
 from .lags import release_lags
 from .lead import arrival_offsets
@@ -300,7 +301,7 @@ class Cadence:
             :class:`Decision`; when ``changed``, the caller applies ``new_sizes`` from
             ``effective_step`` on.
         """
-        sizes = [int(b) for b in sizes]
+        sizes = int_list(sizes)
         if self.pending(step if measured_upto is None else measured_upto) is not None:
             return Decision(step, sizes, None, False, None,
                             "a change from step %d is not measured yet" % self._pending[0])
@@ -351,7 +352,7 @@ class Cadence:
 
     def propose(self, step: int, sizes, new, *, lookahead: int = 0) -> Decision:
         """Schedule ``new`` (decided, or forced by lowered memory caps) after ``step``."""
-        sizes, new = [int(b) for b in sizes], [int(b) for b in new]
+        sizes, new = int_list(sizes), int_list(new)
         current = list(self._pending[1]) if self._pending is not None else sizes
         changed = new != current
         effective = step + 1 + max(int(lookahead), 0)

@@ -99,6 +99,16 @@ def _fsum(values) -> float:
     return float(np.sum(np.asarray(values, dtype=np.float64)))
 
 
+def int_list(values) -> list:
+    """``[int(v) for v in values]`` (a float truncated), through one int64 array: at
+    thousands of ranks the loop costs a millisecond, this a fraction of it.
+
+    >>> int_list([3, 2.7, np.int64(5)])
+    [3, 2, 5]
+    """
+    return np.asarray(values, dtype=np.int64).tolist()
+
+
 # The largest size or count accepted: every float64 up to it is an exact integer (the
 # gathered rows carry sizes as float64), and sums of a few of them fit an int64.
 MAX_COUNT = 2 ** 53
@@ -501,7 +511,7 @@ def _deadband(old, new, global_batch_size, lo, hi, deadband, size_multiple=1):
     old = np.asarray(old)
     valid = is_valid_split(old, global_batch_size, lo, hi, size_multiple)
     if valid and relative_change(old, new) < deadband:
-        return [int(v) for v in old]
+        return int_list(old)
     return new
 
 
@@ -1033,7 +1043,7 @@ class Controller:
     def _equalize(self, sizes) -> list:
         """``sizes`` with alike ranks at equal shares (:meth:`alike_groups`)."""
         if not self._alike.groups():
-            return [int(v) for v in sizes]
+            return int_list(sizes)
         return self.split(self._alike.equal_shares(sizes))
 
     def _lead_transfer(self, b, new) -> list:
@@ -1070,7 +1080,7 @@ class Controller:
         (:func:`omnihvd.arrivals.last_arrival_split`; unchanged when None), within the
         trust region around the measured sizes ``b``."""
         if residuals is None:
-            return [int(v) for v in start]
+            return int_list(start)
         lo, hi = self._trust_region(b)
         return last_arrival_split(start, self._weighted_model(b, t, pooled, w), residuals,
                                   lo=lo, hi=hi, size_multiple=self.size_multiple)

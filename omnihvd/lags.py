@@ -67,9 +67,11 @@ Pure numpy, deterministic: the same table gives the same charges on every rank.
 >>> release_lags(releases, hosts=[7.0] * 3, cpusets=[2.0] * 3).tolist()   # all on one set
 [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
 """
+import functools
 import os
 import socket
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -77,7 +79,7 @@ from .payload import digest
 from .timing import _clip_rare
 
 __all__ = ["LAG_SAMPLES", "MIN_LAGS", "MAX_LAG", "host_key", "cpuset_key", "release_lags",
-           "LagPool"]
+           "Placement", "placement_groups", "LagPool"]
 
 # Lags kept per rank: the steps of a few windows (one window sends up to 32).
 LAG_SAMPLES = 64
@@ -150,54 +152,147 @@ def release_lags(releases, hosts, cpusets, arrived=None) -> np.ndarray:
         a = None
     h = np.asarray(hosts, dtype=np.float64)
     c = np.asarray(cpusets, dtype=np.float64)
-    lags = np.full(r.shape[::-1], np.nan)   # (ranks, steps): rows gather fast
     if r.ndim != 2 or r.shape[1] != h.size or c.shape != h.shape:
-        return lags.T
-    known = np.flatnonzero(np.isfinite(h) & np.isfinite(c))   # ranks with no machine: no lag
-    if known.size == 0:
-        return lags.T
-    # One pass over all ranks (a loop over the groups, each masking all ranks, made the
-    # decision quadratic: 0.65 s at 4096 ranks): the ranks sorted by machine, then
-    # CPUs, so that a group (the ranks of one machine on the same CPUs) is a run of
-    # them and a machine a run of groups.
-    columns = known[np.lexsort((c[known], h[known]))]
-    new_host = np.r_[True, h[columns][1:] != h[columns][:-1]]
-    new_group = new_host | np.r_[True, c[columns][1:] != c[columns][:-1]]
-    group = np.cumsum(new_group) - 1                        # each rank's group
-    host_of_group = np.cumsum(new_host[new_group]) - 1      # each group's machine
-    x = r.T[columns]
-    seen = np.isfinite(x)
-    with np.errstate(invalid="ignore"):
-        # each group's first release per step, then the first of the *other* groups of
-        # its machine: the machine's first, or its second for the one group first alone
-        first_of_group = _per_key(np.minimum, group, np.where(seen, x, np.inf), np.inf)
-        best = _per_key(np.minimum, host_of_group, first_of_group, np.inf)[host_of_group]
-        is_best = first_of_group == best
-        ties = _per_key(np.add, host_of_group, is_best, 0.0)[host_of_group]
-        second = _per_key(np.minimum, host_of_group, np.where(is_best, np.inf, first_of_group),
-                          np.inf)[host_of_group]
-        first = np.where(is_best & (ties == 1), second, best)
-        first[~np.isfinite(first)] = np.nan    # no other CPUs' release this step
-        start = first[group]
-        if a is not None:   # not before its own arrival (where known)
-            own = a.T[columns]
-            start = np.where(np.isfinite(own), np.maximum(start, own), start)
-        behind = np.maximum(x - start, 0.0)
-        counted = np.isfinite(behind)
-        total = _per_key(np.add, group, np.where(counted, behind, 0.0), 0.0)
-        count = _per_key(np.add, group, counted, 0.0)
-        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-        mean[np.bincount(host_of_group)[host_of_group] == 1] = 0.0   # no other CPUs beside it
-        lags[columns] = np.where(seen, mean[group], np.nan)
-        lags[~(np.isfinite(lags) & (lags <= MAX_LAG))] = np.nan
+        return np.full(r.shape, np.nan)
+    g = placement_groups(h, c)
+    compared = _compared_lags(r, a, g) if g.columns.size else None
+    if g.alone.size == 0 and g.columns.size == h.size and g.in_order:
+        return compared.T
+    lags = np.full(r.shape[::-1], np.nan)
+    # a group alone on its machine resumes behind no other CPUs: lag 0
+    lags[g.alone] = np.where(np.isfinite(r.T[g.alone]), 0.0, np.nan)
+    if compared is not None:
+        lags[g.columns] = compared
     return lags.T
 
 
+def _compared_lags(r, a, g) -> np.ndarray:
+    """:func:`release_lags` of the ranks ``g.columns`` (``(columns, steps)``): those
+    with other CPUs on their machine."""
+    # (ranks, steps), one row per rank compared: rows gather fast. At thousands of
+    # ranks each new (ranks, steps) array costs more (fresh pages) than the
+    # arithmetic on it, hence the few arrays, reused in place.
+    x = r.T[g.columns]
+    seen = np.isfinite(x)
+    x[~seen] = np.inf   # no release: first of nothing, and no lag
+    singles = g.group_starts.size == g.columns.size   # every group a single rank
+    first_of_group = x if singles else _per_run(np.minimum, x, g.group_starts)
+    first = _first_of_others(first_of_group, g)
+    start = first if singles else first[g.group]
+    if a is None:
+        behind = x - start
+    else:   # not before its own arrival (where known)
+        behind = a.T[g.columns]
+        behind[~np.isfinite(behind)] = np.nan
+        np.fmax(start, behind, out=behind)
+        behind[np.isnan(start)] = np.nan   # no other CPUs' release: no lag
+        np.subtract(x, behind, out=behind)
+    with np.errstate(invalid="ignore"):
+        np.maximum(behind, 0.0, out=behind)
+    if singles:   # a rank a group: its own lag
+        compared = behind
+    else:   # the group's mean, summed member after member, as the mean of each alone
+        counted = np.isfinite(behind)
+        behind[~counted] = 0.0
+        total = _per_key(np.add, g.group, behind, 0.0)
+        count = _per_run(np.add, counted, g.group_starts, dtype=np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            compared = np.where(count > 0, total / np.maximum(count, 1), np.nan)[g.group]
+        compared[~seen] = np.nan
+    with np.errstate(invalid="ignore"):
+        compared[~(compared <= MAX_LAG)] = np.nan   # NaN stays, too large becomes NaN
+    return compared
+
+
+def _first_of_others(first_of_group, g) -> np.ndarray:
+    """Each group's first release of the *other* groups of its machine, per step
+    (NaN: none): the machine's first, or its second for the one group first alone
+    (``first_of_group``: ``(groups, steps)``, inf where none)."""
+    best = _per_run(np.minimum, first_of_group, g.host_starts)   # (machines, steps)
+    first = best[g.host_of_group]
+    is_best = first_of_group == first
+    alone_first = _per_run(np.add, is_best, g.host_starts, dtype=np.int64) == 1
+    second = _per_run(np.minimum, np.where(is_best, np.inf, first_of_group), g.host_starts)
+    groups, steps = np.nonzero(is_best & alone_first[g.host_of_group])
+    first[groups, steps] = second[g.host_of_group[groups], steps]
+    first[np.isinf(first)] = np.nan
+    return first
+
+
+class Placement(NamedTuple):
+    """The ranks of :func:`release_lags` by group (the ranks of one machine on the
+    same CPUs), as :func:`placement_groups` finds them."""
+
+    alone: np.ndarray          # ranks of a group alone on its machine (lag 0)
+    columns: np.ndarray        # the other ranks, by machine, then CPUs, then rank
+    group: np.ndarray          # each column's group, 0, 1, ... (non-decreasing)
+    group_starts: np.ndarray   # each group's first column
+    host_of_group: np.ndarray  # each group's machine, 0, 1, ... (non-decreasing)
+    host_starts: np.ndarray    # each machine's first group
+    in_order: bool             # columns are the ranks in order (all compared)
+
+
+def placement_groups(hosts, cpusets) -> Placement:
+    """The ranks compared by :func:`release_lags`, grouped: once per placement (the
+    same ``hosts`` and ``cpusets`` give the same, read-only :class:`Placement`: every
+    window of a run but the first finds it cached). Ranks whose machine or CPUs are
+    NaN are in neither ``alone`` nor ``columns``.
+
+    >>> g = placement_groups([1.0, 1.0, 2.0, 1.0, 3.0], [5.0, 4.0, 4.0, 5.0, float("nan")])
+    >>> g.alone.tolist(), g.columns.tolist(), g.group.tolist(), g.host_of_group.tolist()
+    ([2], [1, 0, 3], [0, 1, 1], [0, 0])
+    """
+    h = np.asarray(hosts, dtype=np.float64)
+    c = np.asarray(cpusets, dtype=np.float64)
+    return _placement_groups(h.tobytes(), c.tobytes())
+
+
+@functools.lru_cache(maxsize=4)
+def _placement_groups(hosts: bytes, cpusets: bytes) -> Placement:
+    h, c = np.frombuffer(hosts), np.frombuffer(cpusets)
+    known = np.flatnonzero(np.isfinite(h) & np.isfinite(c))   # ranks with no machine: no lag
+    # One pass over all ranks (a loop over the groups, each masking all ranks, made the
+    # decision quadratic: 0.65 s at 4096 ranks): the ranks sorted by machine, then
+    # CPUs, so that a group is a run of them and a machine a run of groups.
+    columns = known[np.lexsort((c[known], h[known]))]
+    new_host = np.r_[True, h[columns][1:] != h[columns][:-1]]
+    new_group = new_host | np.r_[True, c[columns][1:] != c[columns][:-1]]
+    group = np.cumsum(new_group) - 1
+    host_of_group = np.cumsum(new_host[new_group]) - 1
+    alone_group = np.bincount(host_of_group)[host_of_group] == 1 if columns.size else \
+        np.zeros(0, dtype=bool)
+    alone = alone_group[group] if columns.size else np.zeros(0, dtype=bool)
+    kept = columns[~alone]
+    kept_new_host = np.r_[True, h[kept][1:] != h[kept][:-1]]
+    kept_new_group = kept_new_host | np.r_[True, c[kept][1:] != c[kept][:-1]]
+    out = Placement(alone=np.sort(columns[alone]), columns=kept,
+                    group=np.cumsum(kept_new_group) - 1,
+                    group_starts=np.flatnonzero(kept_new_group),
+                    host_of_group=np.cumsum(kept_new_host[kept_new_group]) - 1,
+                    host_starts=np.flatnonzero(kept_new_host[kept_new_group]),
+                    in_order=bool(np.array_equal(kept, np.arange(h.size))))
+    for array in out[:-1]:
+        array.flags.writeable = False   # shared by every call of this placement
+    return out
+
+
+def _per_run(ufunc, values, starts, dtype=None) -> np.ndarray:
+    """``ufunc`` over each run of rows of ``values`` (run ``i`` from row ``starts[i]``
+    to the next run's start), column by column: ``(len(starts), columns)``, in
+    ``dtype`` (default: the values'). For the ufuncs whose result does not depend on
+    the order of the rows (``np.minimum``, and ``np.add`` of integers); runs all of
+    one length are one reshape."""
+    size = values.shape[0] // starts.size
+    if size * starts.size == values.shape[0] and np.all(np.diff(starts) == size):
+        return ufunc.reduce(values.reshape(starts.size, size, -1), axis=1, dtype=dtype)
+    return ufunc.reduceat(values, starts, axis=0, dtype=dtype)
+
+
 def _per_key(ufunc, keys, values, initial) -> np.ndarray:
-    """``ufunc`` over the rows of ``values`` of each key, column by column:
-    ``(keys[-1] + 1, columns)`` (``keys`` non-decreasing from 0), ``initial`` where
-    a key has no row. One flat ``ufunc.at``: ``reduceat`` costs as much per run as
-    per value, and most runs are a rank or a few."""
+    """``ufunc`` over the rows of ``values`` of each key, column by column, row after
+    row (a sum in the same order as each key's alone): ``(keys[-1] + 1, columns)``
+    (``keys`` non-decreasing from 0), ``initial`` where a key has no row. One flat
+    ``ufunc.at`` (``reduceat`` adds in another order)."""
     width = values.shape[1]
     out = np.full((int(keys[-1]) + 1) * width, initial)
     # as float64 (ufunc.at takes a slow path for other types, 20x slower for bools)
@@ -221,22 +316,36 @@ class LagPool:
     def __init__(self, num_ranks: int, samples: int = LAG_SAMPLES):
         self.num_ranks = int(num_ranks)
         self.samples = int(samples)
+        # each rank's lags in a row, oldest first, in the last _held columns (the rows
+        # move left as lags come in: no new array per window)
+        self._lags = np.full((self.num_ranks, self.samples), np.nan)
+        self._scratch = np.empty_like(self._lags)
         self.forget()
 
     def forget(self):
-        self._lags = np.empty((self.num_ranks, 0))   # each rank's lags, oldest first
+        self._lags[:] = np.nan
+        self._held = 0
         self._charges = np.zeros(self.num_ranks)
 
     def add(self, lags):
         """Add one window's ``(steps, ranks)`` lags (:func:`release_lags`; NaN: none)."""
         lags = np.asarray(lags, dtype=np.float64)
         if lags.ndim == 2 and lags.shape[1] == self.num_ranks:
-            self._lags = np.concatenate([self._lags, lags.T], axis=1)[:, -self.samples:]
+            new = lags.T[:, lags.shape[0] - min(lags.shape[0], self.samples):]
+            steps = new.shape[1]
+            if steps:
+                self._lags[:, :self.samples - steps] = self._lags[:, steps:]
+                self._lags[:, self.samples - steps:] = new
+                self._held = min(self._held + steps, self.samples)
             self._charges = self._mean_lags()
+
+    def _pooled(self) -> np.ndarray:
+        """Each rank's held lags: ``(ranks, held)``, oldest first."""
+        return self._lags[:, self.samples - self._held:]
 
     def counts(self) -> np.ndarray:
         """How many lags each rank holds."""
-        return np.isfinite(self._lags).sum(axis=1)
+        return np.isfinite(self._pooled()).sum(axis=1)
 
     def charges(self) -> np.ndarray:
         """Seconds to add to each rank's local time: the mean of its pooled lags, the
@@ -245,10 +354,12 @@ class LagPool:
         return self._charges.copy()
 
     def _mean_lags(self) -> np.ndarray:
-        counts = self.counts()
-        if not self._lags.size:
+        if not self._held:
             return np.zeros(self.num_ranks)
-        clipped, _ = _clip_rare(self._lags, axis=1)   # each rank's lags in a row: sorts fast
-        with np.errstate(invalid="ignore"):
-            total = np.nansum(clipped, axis=1)
+        # a rank's lags in a row, clipped in a scratch array (at thousands of ranks a
+        # new one costs more, in fresh pages, than the sort)
+        clipped, counts = _clip_rare(self._pooled(), axis=1,
+                                     out=self._scratch[:, self.samples - self._held:])
+        clipped[np.isnan(clipped)] = 0.0   # np.nansum's sum, without its copy
+        total = clipped.sum(axis=1)
         return np.where(counts >= MIN_LAGS, total / np.maximum(counts, 1), 0.0)

@@ -114,7 +114,8 @@ def arrival_offsets(arrived, hosts, released=None) -> Optional[np.ndarray]:
     """
     a = np.asarray(arrived, dtype=np.float64)
     h = np.asarray(hosts, dtype=np.float64)
-    if a.ndim != 2 or a.shape[1] != h.size or np.unique(h).size != 1:
+    if a.ndim != 2 or a.shape[1] != h.size or h.size == 0 or not (
+            np.all(h == h[0]) or np.all(np.isnan(h))):   # not one machine
         return None
     keep = np.isfinite(a).all(axis=1)
     if released is not None and np.shape(released) == a.shape:

@@ -160,7 +160,9 @@ def read_gathered(matrix: np.ndarray, step: int) -> Gathered:
     seen = np.zeros(steps, dtype=bool)
     for steps in per_step.values():
         seen |= np.isfinite(steps).any(axis=1)
-    per_step = {name: steps[seen] if np.isfinite(steps).any() else None
+    if not seen.all():
+        per_step = {name: steps[seen] for name, steps in per_step.items()}
+    per_step = {name: steps if np.isfinite(steps).any() else None
                 for name, steps in per_step.items()}
     return Gathered(sizes=matrix[:, SIZE].astype(np.int64).tolist(), times=matrix[:, TIME],
                     errors=matrix[:, ERROR], counts=matrix[:, COUNT],

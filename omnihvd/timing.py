@@ -71,18 +71,26 @@ def _valid(samples) -> np.ndarray:
     return np.where(np.isfinite(arr) & (arr > 0), arr, np.nan)
 
 
-def _clip_rare(valid: np.ndarray, axis: int) -> Tuple[np.ndarray, np.ndarray]:
+def _clip_rare(valid: np.ndarray, axis: int, out: Optional[np.ndarray] = None
+               ) -> Tuple[np.ndarray, np.ndarray]:
     """Winsorise the rare slowest samples along ``axis``: each lane's ``k = ceil(0.1 n)``
     largest valid values are lowered to the next largest (no clipping below 3 samples).
-    Returns the clipped array (NaN kept) and each lane's count n."""
+    Returns the clipped array (NaN kept) and each lane's count n. With ``out`` (an
+    array of ``valid``'s shape, ``axis`` last), the sorted and then the clipped values
+    are written there, and it is returned: no new array of that size."""
     x = np.moveaxis(valid, axis, -1)
     n = np.sum(np.isfinite(x), axis=-1)
     k = np.where(n >= 3, np.ceil(RARE_FRACTION * n).astype(np.int64), 0)
-    ordered = np.sort(x, axis=-1)  # NaN sorts last
+    if out is None:
+        ordered = np.sort(x, axis=-1)  # NaN sorts last
+    else:
+        ordered = out
+        ordered[...] = x
+        ordered.sort(axis=-1)
     index = np.clip(n - 1 - k, 0, None)[..., None]
     cap = np.take_along_axis(ordered, index, axis=-1)
-    with np.errstate(invalid="ignore"):
-        clipped = np.where(np.isnan(x), np.nan, np.minimum(x, cap))
+    # NaN stays NaN (a lane's cap is NaN only if all its values are)
+    clipped = np.minimum(x, cap, out=out)
     return np.moveaxis(clipped, -1, axis), n
 
 

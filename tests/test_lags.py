@@ -10,8 +10,9 @@ import pytest
 from omnihvd.cadence import Cadence
 from omnihvd.controller import Controller
 from omnihvd.errors import ConfigError
-from omnihvd.lags import (LAG_SAMPLES, MAX_LAG, MIN_LAGS, LagPool, cpuset_key, host_key,
-                          release_lags)
+from omnihvd.lags import (LAG_SAMPLES, MAX_LAG, MIN_LAGS, LagPool, _first_of_others, _per_run,
+                          cpuset_key, host_key, placement_groups, release_lags)
+from omnihvd.timing import _clip_rare
 
 pytestmark = pytest.mark.unit
 
@@ -272,3 +273,89 @@ def test_the_pool_charges_each_rank_its_own_winsorised_mean():
             want.append(float(np.mean(np.minimum(kept, kept[kept.size - 1 - k]))))
         np.testing.assert_allclose(pool.charges(), want, rtol=1e-12, atol=0)
         assert pool.counts().tolist() == np.isfinite(added).sum(axis=0).tolist()
+
+
+def test_the_placement_is_grouped_once_and_shared_read_only():
+    hosts, cpusets = [3.0, 1.0, 1.0, 2.0, 1.0, NAN], [7.0, 5.0, 4.0, 9.0, 5.0, 1.0]
+    g = placement_groups(hosts, cpusets)
+    # machine 1 holds two groups (CPUs 4: rank 2; CPUs 5: ranks 1 and 4); machines 2
+    # and 3 one each (alone: lag 0); rank 5 has no machine (neither)
+    assert g.alone.tolist() == [0, 3] and g.columns.tolist() == [2, 1, 4]
+    assert g.group.tolist() == [0, 1, 1] and g.group_starts.tolist() == [0, 1]
+    assert g.host_of_group.tolist() == [0, 0] and g.host_starts.tolist() == [0]
+    assert not g.in_order
+    assert placement_groups(np.array(hosts), np.array(cpusets)) is g   # cached
+    with pytest.raises(ValueError):
+        g.columns[0] = 9
+    assert placement_groups([1.0, 1.0], [4.0, 5.0]).in_order
+
+
+def test_per_run_reduces_runs_of_equal_and_unequal_length():
+    values = np.arange(24.0).reshape(8, 3)[::-1].copy()
+    for starts in (np.array([0, 2, 4, 6]), np.array([0, 1, 5])):
+        ends = np.r_[starts[1:], len(values)]
+        want = [values[i:j].min(axis=0) for i, j in zip(starts, ends)]
+        assert _per_run(np.minimum, values, starts).tolist() == np.array(want).tolist()
+        flags = values > 10
+        got = _per_run(np.add, flags, starts, dtype=np.int64)
+        assert got.dtype == np.int64
+        assert got.tolist() == [flags[i:j].sum(axis=0).tolist() for i, j in zip(starts, ends)]
+
+
+@pytest.mark.parametrize("per_machine", [1, 2, 3])
+def test_each_group_gets_the_first_release_of_the_other_groups_of_its_machine(per_machine):
+    rng = np.random.default_rng(per_machine)
+    for _ in range(50):
+        machines, steps = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        # groups per machine: all equal (one reshape) or not (reduceat)
+        sizes = rng.integers(2, 5, machines) if rng.random() < 0.5 else np.full(machines, 3)
+        hosts = np.repeat(np.arange(machines), sizes * per_machine).astype(float)
+        cpusets = np.concatenate([np.repeat(np.arange(s), per_machine) for s in sizes]) + 0.0
+        g = placement_groups(hosts, cpusets)
+        first_of_group = rng.integers(0, 4, (g.group_starts.size, steps)).astype(float)
+        first_of_group[rng.random(first_of_group.shape) < 0.2] = np.inf
+        got = _first_of_others(first_of_group.copy(), g)
+        for k in range(first_of_group.shape[0]):
+            others = [j for j in range(first_of_group.shape[0])
+                      if j != k and g.host_of_group[j] == g.host_of_group[k]]
+            want = first_of_group[others].min(axis=0)
+            want[np.isinf(want)] = NAN
+            np.testing.assert_array_equal(got[k], want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_lags_of_machines_alike_are_each_groups_own(seed):
+    # machines of as many ranks and groups (the reshape path), in rank order or not
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        machines, per, steps = int(rng.integers(1, 5)), int(rng.integers(1, 5)), 3
+        hosts = np.repeat(np.arange(machines), per * 2).astype(float)
+        cpusets = np.tile(np.repeat([1.0, 2.0], per) if rng.random() < 0.5
+                          else np.arange(2.0 * per), machines)
+        order = rng.permutation(hosts.size) if rng.random() < 0.5 else np.arange(hosts.size)
+        hosts, cpusets = hosts[order], cpusets[order]
+        releases = 100 + rng.uniform(0, 0.01, (steps, hosts.size))
+        releases[rng.random(releases.shape) < 0.1] = NAN
+        arrived = None if rng.random() < 0.5 else releases - rng.uniform(-0.005, 0.01,
+                                                                      releases.shape)
+        got = release_lags(releases, hosts, cpusets, arrived)
+        want = _lags_group_by_group(releases, hosts, cpusets, arrived)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_the_pool_charges_what_the_mean_of_each_rank_alone_gives_bit_for_bit():
+    # the pool moves its rows in place and clips in a scratch array: the charges must
+    # be the very bits of np.nansum over each rank's clipped lags, oldest first
+    rng = np.random.default_rng(11)
+    n = 50
+    pool, added = LagPool(n), np.empty((0, n))
+    for steps in (5, 20, 3, 40, 20, 0, 20):
+        lags = rng.exponential(0.003, (steps, n))
+        lags[rng.random(lags.shape) < 0.1] = NAN
+        pool.add(lags)
+        added = np.concatenate([added, lags])[-LAG_SAMPLES:]
+        clipped, counts = _clip_rare(added.T.copy(), axis=1)
+        want = np.where(counts >= MIN_LAGS, np.nansum(clipped, axis=1) / np.maximum(counts, 1),
+                        0.0)
+        assert pool.charges().tobytes() == want.tobytes()
+        assert pool.counts().tolist() == counts.tolist()
